@@ -1,0 +1,129 @@
+"""Every use of torch's private DataLoader internals, in one module.
+
+Checked against torch 2.14.1 (the pinned version; ``tests/test_torch_internals.py``
+runs against whatever torch is installed and fails loudly outside the range).
+torch has no hook around worker creation, so the reference loader re-implements
+``_MultiProcessingDataLoaderIter.__init__`` (its own code, not a copy) and relies on:
+
+* ``_BaseDataLoaderIter.__init__`` and the inherited ``_reset``, ``_next_data``,
+  ``_try_get_data``, ``_get_data``, ``_shutdown_workers`` and ``__del__`` of
+  ``_MultiProcessingDataLoaderIter``, which read the attributes set below;
+* ``_utils.worker._worker_loop``, called by keyword (its parameter names are
+  checked by :func:`check_supported`);
+* ``_utils.pin_memory._pin_memory_loop`` and ``_utils.signal_handling``;
+* ``_utils.MP_STATUS_CHECK_INTERVAL`` and ``dataloader._sharding_worker_init_fn``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import queue
+import threading
+
+import torch
+from torch.utils.data import _utils
+from torch.utils.data import dataloader as _dl
+from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
+
+#: Inclusive lower / exclusive upper bound of torch versions this module supports.
+SUPPORTED_TORCH = ((2, 14), (2, 15))
+
+WORKER_LOOP_PARAMS = (
+    "dataset_kind", "dataset_holder", "index_queue", "data_queue", "done_event", "auto_collation",
+    "collate_fn", "drop_last", "base_seed", "init_fn", "worker_id", "num_workers",
+    "persistent_workers", "shared_seed",
+)
+
+BaseIter = _dl._BaseDataLoaderIter
+MultiProcessingIter = _dl._MultiProcessingDataLoaderIter
+MP_STATUS_CHECK_INTERVAL = _utils.MP_STATUS_CHECK_INTERVAL
+
+
+class UnsupportedTorchError(RuntimeError):
+    pass
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def check_supported(version: str | None = None) -> None:
+    """Raise :class:`UnsupportedTorchError` unless torch's internals are as expected."""
+    version = version or torch.__version__
+    lo, hi = SUPPORTED_TORCH
+    if not (lo <= _version_tuple(version) < hi):
+        raise UnsupportedTorchError(
+            f"pytest_workerstart's reference loader supports torch >={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}; "
+            f"found {version}. Its private DataLoader internals may differ.")
+    params = tuple(inspect.signature(_utils.worker._worker_loop).parameters)
+    if params != WORKER_LOOP_PARAMS:
+        raise UnsupportedTorchError(f"torch {version}: _worker_loop parameters changed: {params}")
+    for name in ("_set_worker_pids", "_remove_worker_pids", "_set_SIGCHLD_handler"):
+        if not hasattr(_utils.signal_handling, name):
+            raise UnsupportedTorchError(f"torch {version}: _utils.signal_handling.{name} is missing")
+    for name in ("_reset", "_try_get_data", "_get_data", "_shutdown_workers", "_next_data",
+                 "_register_persistent_workers_atexit", "_mark_worker_as_unavailable"):
+        if not hasattr(MultiProcessingIter, name):
+            raise UnsupportedTorchError(f"torch {version}: _MultiProcessingDataLoaderIter.{name} is missing")
+
+
+def worker_init_fn_for(it, loader):
+    """torch wraps worker_init_fn for DataPipes so that workers shard them."""
+    init_fn = loader.worker_init_fn
+    if isinstance(it._dataset, (IterDataPipe, MapDataPipe)):
+        init_fn = functools.partial(_dl._sharding_worker_init_fn, init_fn, it._world_size, it._rank)
+    return init_fn
+
+
+def worker_loop_kwargs(it, worker_id: int, index_queue) -> dict:
+    """Keyword arguments of ``_worker_loop`` for ``worker_id`` of iterator ``it``."""
+    return dict(
+        dataset_kind=it._dataset_kind,
+        # 2.14 pops the dataset from a holder so the Process does not retain it.
+        dataset_holder=[it._dataset],
+        index_queue=index_queue,
+        data_queue=it._worker_result_queue,
+        done_event=it._workers_done_event,
+        auto_collation=it._auto_collation,
+        collate_fn=it._collate_fn,
+        drop_last=it._drop_last,
+        base_seed=it._base_seed,
+        init_fn=it._worker_init_fn,
+        worker_id=worker_id,
+        num_workers=it._num_workers,
+        persistent_workers=it._persistent_workers,
+        shared_seed=it._shared_seed,
+    )
+
+
+def run_worker_loop(kwargs: dict) -> None:
+    _utils.worker._worker_loop(**kwargs)
+
+
+def start_pin_memory_thread(it) -> None:
+    """Same arrangement as torch: a thread moves batches from workers to pinned memory."""
+    it._pin_memory_thread_done_event = threading.Event()
+    it._data_queue = queue.Queue()
+    thread = threading.Thread(
+        target=_utils.pin_memory._pin_memory_loop,
+        args=(it._worker_result_queue, it._data_queue, torch.accelerator.current_device_index(),
+              it._pin_memory_thread_done_event, it._pin_memory_device),
+        daemon=True,
+    )
+    thread.start()
+    it._pin_memory_thread = thread
+
+
+def register_worker_pids(it) -> None:
+    """Let torch's SIGCHLD handler report a dead worker instead of hanging."""
+    _utils.signal_handling._set_worker_pids(id(it), tuple(w.pid for w in it._workers))
+    _utils.signal_handling._set_SIGCHLD_handler()
+    it._worker_pids_set = True
+
+
+def unregister_worker_pids(it) -> None:
+    if getattr(it, "_worker_pids_set", False):
+        _utils.signal_handling._remove_worker_pids(id(it))
+        it._worker_pids_set = False

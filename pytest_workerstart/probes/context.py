@@ -1,0 +1,312 @@
+"""An instrumented multiprocessing context that any DataLoader accepts.
+
+``InstrumentedContext("spawn")`` is a real ``BaseContext`` subclass whose
+``get_start_method()`` is the wrapped method, so torch's ``isinstance`` check
+passes and torchdata's ``== "spawn"`` test sees spawn. Its ``Process`` builds
+instrumented subclasses of the wrapped context's own Process class, which record
+(in worker-id terms) construction, ``start()`` begin/end, pid, child boot and
+readiness, and apply a :class:`~pytest_workerstart.probes.faults.FaultPlan`.
+
+Parent-side events are kept in memory; child-side events are appended as JSON
+lines to a file whose path travels in the pickled Process. A file (not a queue)
+keeps the probe out of the leak snapshot: no fd, thread or semaphore of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from multiprocessing.context import BaseContext
+from pathlib import Path
+from typing import Any
+
+from pytest_workerstart.probes import faults as _faults
+
+
+@dataclasses.dataclass
+class WorkerRecord:
+    worker: int
+    generation: int
+    constructed: float | None = None
+    start_begin: float | None = None
+    start_end: float | None = None
+    start_error: str | None = None
+    pid: int | None = None
+    boot: float | None = None
+    ready: float | None = None
+    exitcode: int | None = None
+
+    @property
+    def start_duration(self) -> float | None:
+        if self.start_begin is None or self.start_end is None:
+            return None
+        return self.start_end - self.start_begin
+
+
+class _Recorder:
+    """Thread-safe parent-side bookkeeping shared by one context's processes."""
+
+    def __init__(self, num_workers: int, hold: float | None):
+        self.num_workers = num_workers
+        self.hold = hold
+        self.cond = threading.Condition()
+        self.generation = 0
+        self.index = 0
+        self.records: dict[tuple[int, int], WorkerRecord] = {}
+        self.procs: dict[tuple[int, int], weakref.ref] = {}
+        self.active: dict[int, int] = {}
+        self.peak: dict[int, int] = {}
+        self.started: dict[int, int] = {}
+
+    def construct(self, proc) -> tuple[int, int]:
+        with self.cond:
+            if self.index >= self.num_workers:
+                self.generation += 1
+                self.index = 0
+            key = (self.generation, self.index)
+            self.index += 1
+            self.records[key] = WorkerRecord(worker=key[1], generation=key[0], constructed=time.monotonic())
+            self.procs[key] = weakref.ref(proc)
+            return key
+
+    def begin(self, key: tuple[int, int]) -> None:
+        gen = key[0]
+        with self.cond:
+            self.records[key].start_begin = time.monotonic()
+            self.active[gen] = self.active.get(gen, 0) + 1
+            self.peak[gen] = max(self.peak.get(gen, 0), self.active[gen])
+            self.cond.notify_all()
+            if self.hold:
+                # Hold every start until all remaining starts of this generation
+                # are in flight or ``hold`` passes: overlap is then observed, and
+                # a bounded pool shows exactly its bound.
+                deadline = time.monotonic() + self.hold
+                while self.active[gen] + self.started.get(gen, 0) < self.num_workers:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.cond.wait(left)
+
+    def end(self, key: tuple[int, int], pid: int | None, error: BaseException | None) -> None:
+        gen = key[0]
+        with self.cond:
+            rec = self.records[key]
+            rec.start_end = time.monotonic()
+            rec.pid = pid
+            rec.start_error = repr(error) if error is not None else None
+            self.active[gen] -= 1
+            self.started[gen] = self.started.get(gen, 0) + 1
+            self.cond.notify_all()
+
+
+class _InstrumentedProcessMixin:
+    """Mixed into the wrapped context's Process class (see the three below)."""
+
+    _ws_key: tuple[int, int] = (0, 0)
+    _ws_log: str | None = None
+    _ws_faults: tuple = ()
+
+    def start(self):  # parent side
+        recorder: _Recorder = self._ws_recorder
+        key = self._ws_key
+        recorder.begin(key)
+        error = None
+        try:
+            for fault in self._ws_parent_faults:
+                _faults.apply_parent_fault(fault)
+            super().start()
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            recorder.end(key, self.pid if error is None else None, error)
+            del error
+
+    def __getstate__(self):  # what travels to a spawn/forkserver child
+        state = self.__dict__.copy()
+        state.pop("_ws_recorder", None)
+        state.pop("_ws_parent_faults", None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._ws_emit("boot")
+
+    def run(self):  # child side
+        if not getattr(self, "_ws_booted", False):
+            self._ws_emit("boot")  # fork: nothing was unpickled
+        self._ws_emit("ready")
+        for fault in self._ws_faults:
+            _faults.apply_child_fault(fault)
+        super().run()
+
+    def _ws_emit(self, event: str) -> None:
+        self._ws_booted = True
+        if not self._ws_log:
+            return
+        line = json.dumps({"g": self._ws_key[0], "w": self._ws_key[1], "ev": event,
+                           "pid": os.getpid(), "t": time.monotonic()})
+        try:
+            fd = os.open(self._ws_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, (line + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # the probe must never be the failure
+
+
+_ctx = multiprocessing.get_context
+
+
+class InstrumentedSpawnProcess(_InstrumentedProcessMixin, _ctx("spawn").Process):
+    pass
+
+
+class InstrumentedForkServerProcess(_InstrumentedProcessMixin, _ctx("forkserver").Process):
+    pass
+
+
+class InstrumentedForkProcess(_InstrumentedProcessMixin, _ctx("fork").Process):
+    pass
+
+
+_PROCESS_CLASSES = {
+    "spawn": InstrumentedSpawnProcess,
+    "forkserver": InstrumentedForkServerProcess,
+    "fork": InstrumentedForkProcess,
+}
+
+
+class InstrumentedContext(BaseContext):
+    """A ``multiprocessing`` context that records and perturbs worker starts.
+
+    ``num_workers`` maps creation order to worker ids (i-th Process of a
+    generation is worker i). ``hold_for_overlap`` (seconds) makes every start
+    wait until the generation's remaining starts are in flight, so peak
+    concurrency is observed rather than inferred from timing.
+    """
+
+    def __init__(self, method: str = "spawn", *, num_workers: int = 1, faults: _faults.FaultPlan | None = None,
+                 log_dir: str | os.PathLike | None = None, hold_for_overlap: float | None = None):
+        if method not in _PROCESS_CLASSES:
+            raise ValueError(f"unknown start method {method!r}")
+        self._name = method
+        self._inner = multiprocessing.get_context(method)
+        self.faults = faults or _faults.FaultPlan()
+        self._own_dir = log_dir is None
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="workerstart-events-"))
+        self.log_path = self.log_dir / "events.jsonl"
+        self._recorder = _Recorder(num_workers, hold_for_overlap)
+
+    # BaseContext uses _name for get_start_method(); the rest is delegated.
+    def get_start_method(self, allow_none: bool = False) -> str:
+        return self._name
+
+    def get_context(self, method=None):
+        if method is None or method == self._name:
+            return self
+        return super().get_context(method)
+
+    def __getattr__(self, name: str) -> Any:
+        # forkserver's set_forkserver_preload & co. live on the wrapped context.
+        if name.startswith("__") or name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    def Process(self, *args, **kwargs):  # noqa: N802 (multiprocessing's API)
+        cls = _PROCESS_CLASSES[self._name]
+        proc = cls(*args, **kwargs)
+        key = self._recorder.construct(proc)
+        proc._ws_key = key
+        proc._ws_log = str(self.log_path)
+        proc._ws_recorder = self._recorder
+        gen, worker = key
+        mine = self.faults.for_worker(worker, gen)
+        proc._ws_parent_faults = tuple(f for f in mine if f.kind in _faults.PARENT_KINDS)
+        proc._ws_faults = tuple(f for f in mine if f.kind in _faults.CHILD_KINDS)
+        return proc
+
+    # --- controls and derived facts ----------------------------------------
+    def begin_generation(self) -> int:
+        """Call before an ``iter()`` that may build fewer than N processes."""
+        with self._recorder.cond:
+            if self._recorder.index:
+                self._recorder.generation += 1
+                self._recorder.index = 0
+            return self._recorder.generation
+
+    @property
+    def generation(self) -> int:
+        return self._recorder.generation
+
+    def records(self, generation: int | None = None) -> list[WorkerRecord]:
+        self._merge_child_events()
+        with self._recorder.cond:
+            items = sorted(self._recorder.records.items())
+            for key, rec in items:
+                ref = self._recorder.procs.get(key)
+                proc = ref() if ref else None
+                if proc is not None and proc._popen is not None:
+                    rec.exitcode = proc._popen.poll()
+            return [r for (g, _), r in items if generation is None or g == generation]
+
+    def _merge_child_events(self) -> None:
+        try:
+            lines = self.log_path.read_text().splitlines()
+        except FileNotFoundError:
+            return
+        with self._recorder.cond:
+            for line in lines:
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue  # a child killed mid-write
+                rec = self._recorder.records.get((ev["g"], ev["w"]))
+                if rec is not None and ev["ev"] in ("boot", "ready"):
+                    setattr(rec, ev["ev"], ev["t"])
+                    rec.pid = rec.pid or ev["pid"]
+
+    def peak_concurrent_starts(self, generation: int = 0) -> int:
+        return self._recorder.peak.get(generation, 0)
+
+    def built_all_before_first_start(self, generation: int = 0) -> bool:
+        recs = self.records(generation)
+        begins = [r.start_begin for r in recs if r.start_begin is not None]
+        if not begins:
+            return False
+        first = min(begins)
+        built = [r for r in recs if r.constructed is not None and r.constructed <= first]
+        return len(built) >= self._recorder.num_workers
+
+    def start_order(self, generation: int = 0) -> list[int]:
+        recs = [r for r in self.records(generation) if r.start_end is not None]
+        return [r.worker for r in sorted(recs, key=lambda r: r.start_end)]
+
+    def pids(self, generation: int | None = None) -> list[int]:
+        return [r.pid for r in self.records(generation) if r.pid]
+
+    def summary(self, generation: int = 0) -> dict[str, Any]:
+        recs = self.records(generation)
+        return {
+            "method": self._name,
+            "peak_concurrent_starts": self.peak_concurrent_starts(generation),
+            "built_all_before_first_start": self.built_all_before_first_start(generation),
+            "start_durations": {r.worker: r.start_duration for r in recs},
+            "start_order": self.start_order(generation),
+            "workers": [dataclasses.asdict(r) for r in recs],
+        }
+
+    def close(self) -> None:
+        if self._own_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return f"<InstrumentedContext {self._name} faults={self.faults.describe()}>"

@@ -1,0 +1,137 @@
+"""Fault plans: what goes wrong, at which worker.
+
+A plan travels inside the instrumented Process object (it is pickled with it
+under spawn and forkserver, inherited under fork), so child-side faults need no
+cooperation from the loader. Worker ids are creation order modulo
+``num_workers``: torch-style loaders build worker i as the i-th Process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+PARENT_KINDS = ("start_error", "start_delay", "interrupt")
+CHILD_KINDS = ("child_exit", "child_hang", "child_kill")
+POSITIONS = ("first", "middle", "last")
+
+
+def position_to_worker(position: str | int, num_workers: int) -> int:
+    if isinstance(position, int):
+        return position
+    return {"first": 0, "middle": num_workers // 2, "last": num_workers - 1}[position]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    kind: str
+    worker: int
+    value: float = 0.0  # exit code for child_exit, seconds for start_delay
+    generation: int | None = 0  # which iterator's workers (0 = the first); None = every
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultPlan:
+    """An immutable set of faults. Build with the class methods and ``+``."""
+
+    faults: tuple[Fault, ...] = ()
+
+    def __add__(self, other: "FaultPlan") -> "FaultPlan":
+        return FaultPlan(self.faults + other.faults)
+
+    # --- parent side -------------------------------------------------------
+    @classmethod
+    def start_error(cls, worker: int, generation: int | None = 0) -> "FaultPlan":
+        """``Process.start()`` of ``worker`` raises ``OSError(EAGAIN)``."""
+        return cls((Fault("start_error", worker, generation=generation),))
+
+    @classmethod
+    def start_delay(cls, delays: dict[int, float], generation: int | None = 0) -> "FaultPlan":
+        """``Process.start()`` of each worker sleeps first (adversarial timing)."""
+        return cls(tuple(Fault("start_delay", w, d, generation) for w, d in delays.items()))
+
+    @classmethod
+    def reverse_finish(cls, num_workers: int, step: float = 0.4) -> "FaultPlan":
+        """Delays that make worker N-1 finish starting first and worker 0 last."""
+        return cls.start_delay({w: (num_workers - 1 - w) * step for w in range(num_workers)})
+
+    @classmethod
+    def interrupt(cls, worker: int) -> "FaultPlan":
+        """SIGINT to the driver as ``worker`` begins to start."""
+        return cls((Fault("interrupt", worker),))
+
+    # --- child side (during boot, before the worker loop) ------------------
+    @classmethod
+    def child_exit(cls, worker: int, code: int = 3) -> "FaultPlan":
+        return cls((Fault("child_exit", worker, code),))
+
+    @classmethod
+    def child_hang(cls, worker: int) -> "FaultPlan":
+        return cls((Fault("child_hang", worker),))
+
+    @classmethod
+    def child_kill(cls, worker: int) -> "FaultPlan":
+        return cls((Fault("child_kill", worker),))
+
+    # --- helpers -----------------------------------------------------------
+    def for_worker(self, worker: int, generation: int) -> list[Fault]:
+        return [f for f in self.faults if f.worker == worker and f.generation in (None, generation)]
+
+    @staticmethod
+    def worker_init_fn(worker: int) -> "RaiseInWorkerInit":
+        """A picklable ``worker_init_fn`` that raises in ``worker`` only."""
+        return RaiseInWorkerInit(worker)
+
+    def describe(self) -> str:
+        return ", ".join(f"{f.kind}@{f.worker}" + (f"={f.value}" if f.value else "") for f in self.faults) or "none"
+
+
+class InjectedStartError(OSError):
+    """The parent-side start failure (an ``OSError`` with ``errno.EAGAIN``)."""
+
+
+class InjectedWorkerInitError(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class RaiseInWorkerInit:
+    worker: int
+
+    def __call__(self, worker_id: int) -> None:
+        if worker_id == self.worker:
+            raise InjectedWorkerInitError(f"injected by workerstart: worker_init_fn of worker {worker_id}")
+
+
+def apply_parent_fault(fault: Fault) -> None:
+    """Runs in the parent just before the real ``start()``."""
+    if fault.kind == "start_error":
+        raise InjectedStartError(errno.EAGAIN, f"injected by workerstart: start() of worker {fault.worker}")
+    if fault.kind == "start_delay":
+        time.sleep(fault.value)
+    elif fault.kind == "interrupt":
+        # Delivered to the process; Python raises KeyboardInterrupt in the main thread.
+        os.kill(os.getpid(), signal.SIGINT)
+        if threading.current_thread() is threading.main_thread():
+            time.sleep(0.5)  # let the handler run here, as it would mid-start
+
+
+def apply_child_fault(fault: Fault) -> None:
+    """Runs in the child after boot, before the worker's target."""
+    if fault.kind == "child_exit":
+        os._exit(int(fault.value) or 3)
+    if fault.kind == "child_kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)
+    if fault.kind == "child_hang":
+        while True:
+            time.sleep(3600)
+
+
+def describe_fault(fault: Any) -> str:
+    return f"{fault.kind} at worker {fault.worker}"

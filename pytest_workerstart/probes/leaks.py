@@ -1,0 +1,240 @@
+"""Leak snapshots: take one before, diff after, poll with patience.
+
+Covers descendant processes (psutil, recursive; zombies included), Python
+threads, open fds (classified), ``/dev/shm`` entries created meanwhile, and
+multiprocessing's ``_dangling`` processes. The resource tracker and forkserver
+are long-lived helpers shared by every loader, so they are excluded by name.
+
+``wait_clean`` polls until the diff is empty or ``timeout`` passes (as loky and
+CPython's ``test.support`` do) so slow-but-correct teardown is not a false alarm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import re
+import threading
+import time
+from typing import Iterable
+
+import psutil
+
+HELPER_MARKERS = (
+    "multiprocessing.resource_tracker",
+    "multiprocessing.forkserver",
+    "multiprocessing.semaphore_tracker",
+)
+SHM_PATTERN = re.compile(r"^(sem\.mp-|torch_|psm_|wnsm_|mp-)")
+
+
+def _is_helper(proc: psutil.Process) -> bool:
+    try:
+        cmd = " ".join(proc.cmdline())
+    except (psutil.Error, OSError):
+        return False
+    return any(m in cmd for m in HELPER_MARKERS)
+
+
+def helper_fds() -> set[int]:
+    """fds the driver holds for the shared resource tracker and forkserver.
+
+    They live as long as the process, belong to no loader, and appear on first
+    use: never count them as leaks. (multiprocessing private attributes, read
+    defensively.)
+    """
+    fds: set[int] = set()
+    try:
+        from multiprocessing import forkserver, resource_tracker
+
+        for value in (getattr(resource_tracker._resource_tracker, "_fd", None),
+                      getattr(forkserver._forkserver, "_forkserver_alive_fd", None)):
+            if isinstance(value, int) and value >= 0:
+                fds.add(value)
+    except Exception:
+        pass
+    return fds
+
+
+def _fd_kind(target: str) -> str:
+    if target.startswith("pipe:"):
+        return "pipe"
+    if target.startswith("socket:"):
+        return "socket"
+    if target.startswith("/dev/shm/"):
+        return "shm"
+    if target.startswith("anon_inode:"):
+        return target.split(":", 1)[1].strip("[]")
+    return "file"
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    create_time: float
+    cmdline: str
+    status: str
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} [{self.status}] {self.cmdline[:160]}"
+
+
+@dataclasses.dataclass
+class LeakSnapshot:
+    processes: dict[tuple[int, float], ProcInfo]
+    threads: dict[int, str]
+    fds: dict[int, str]
+    shm: set[str]
+    dangling: set[int]
+    taken_at: float
+
+    @classmethod
+    def take(cls, *, collect: bool = True) -> "LeakSnapshot":
+        if collect:
+            gc.collect()
+        me = psutil.Process()
+        procs: dict[tuple[int, float], ProcInfo] = {}
+        for child in me.children(recursive=True):
+            try:
+                if _is_helper(child):
+                    continue
+                with child.oneshot():
+                    info = ProcInfo(child.pid, child.create_time(), " ".join(child.cmdline()), child.status())
+            except (psutil.Error, OSError):
+                continue
+            procs[(info.pid, info.create_time)] = info
+        threads = {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
+        fds: dict[int, str] = {}
+        skip = helper_fds()
+        try:
+            for name in os.listdir("/proc/self/fd"):
+                if int(name) in skip:
+                    continue
+                try:
+                    fds[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+                except OSError:
+                    pass  # closed while listing (or the listing fd itself)
+        except FileNotFoundError:  # not Linux
+            pass
+        try:
+            shm = {n for n in os.listdir("/dev/shm") if SHM_PATTERN.match(n)}
+        except FileNotFoundError:
+            shm = set()
+        dangling = set()
+        try:
+            from multiprocessing import process as _mp_process
+
+            for p in list(_mp_process._dangling):
+                popen = getattr(p, "_popen", None)
+                if popen is not None and popen.poll() is None:
+                    dangling.add(p.pid)
+        except Exception:
+            pass
+        return cls(procs, threads, fds, shm, dangling, time.monotonic())
+
+    # --- diffing -----------------------------------------------------------
+    def diff(self, after: "LeakSnapshot") -> "LeakReport":
+        new_fds = {}
+        for fd, target in after.fds.items():
+            if self.fds.get(fd) != target:
+                new_fds[fd] = target
+        return LeakReport(
+            processes=[p for k, p in after.processes.items() if k not in self.processes],
+            threads=[f"{name} (ident {ident})" for ident, name in after.threads.items() if ident not in self.threads],
+            fds={fd: t for fd, t in new_fds.items() if not t.startswith("/proc/")},
+            shm=sorted(after.shm - self.shm),
+            dangling=sorted(after.dangling - self.dangling),
+        )
+
+    @classmethod
+    def wait_clean(cls, before: "LeakSnapshot", timeout: float = 10.0, interval: float = 0.1,
+                   kinds: Iterable[str] | None = None) -> "LeakReport":
+        """Poll until nothing of ``kinds`` leaked since ``before`` or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            report = before.diff(cls.take()).only(kinds)
+            if not report or time.monotonic() >= deadline:
+                return report
+            time.sleep(interval)
+            interval = min(interval * 1.5, 1.0)
+
+
+KINDS = ("processes", "threads", "fds", "shm", "dangling")
+
+
+@dataclasses.dataclass
+class LeakReport:
+    processes: list[ProcInfo]
+    threads: list[str]
+    fds: dict[int, str]
+    shm: list[str]
+    dangling: list[int]
+
+    def only(self, kinds: Iterable[str] | None) -> "LeakReport":
+        if kinds is None:
+            return self
+        kinds = set(kinds)
+        unknown = kinds - set(KINDS)
+        if unknown:
+            raise ValueError(f"unknown leak kinds {sorted(unknown)}")
+        return LeakReport(
+            processes=self.processes if "processes" in kinds else [],
+            threads=self.threads if "threads" in kinds else [],
+            fds=self.fds if "fds" in kinds else {},
+            shm=self.shm if "shm" in kinds else [],
+            dangling=self.dangling if "dangling" in kinds else [],
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.processes or self.threads or self.fds or self.shm or self.dangling)
+
+    def counts(self) -> dict[str, int]:
+        fd_kinds: dict[str, int] = {}
+        for target in self.fds.values():
+            kind = _fd_kind(target)
+            fd_kinds[kind] = fd_kinds.get(kind, 0) + 1
+        return {
+            "processes": len(self.processes),
+            "zombies": sum(p.status == psutil.STATUS_ZOMBIE for p in self.processes),
+            "threads": len(self.threads),
+            "fds": len(self.fds),
+            **{f"fds.{k}": v for k, v in sorted(fd_kinds.items())},
+            "semaphores": sum(n.startswith("sem.") for n in self.shm),
+            "shm": len(self.shm),
+            "dangling": len(self.dangling),
+        }
+
+    def format(self) -> str:
+        lines = []
+        for p in self.processes:
+            lines.append(f"  process: {p}")
+        for t in self.threads:
+            lines.append(f"  thread: {t}")
+        for fd, target in sorted(self.fds.items()):
+            lines.append(f"  fd {fd} ({_fd_kind(target)}): {target}")
+        for name in self.shm:
+            lines.append(f"  /dev/shm: {name}")
+        for pid in self.dangling:
+            lines.append(f"  multiprocessing._dangling: pid {pid}")
+        return "\n".join(lines) or "  (nothing)"
+
+    def summary(self) -> str:
+        c = self.counts()
+        return ", ".join(f"{v} {k}" for k, v in c.items() if v) or "nothing"
+
+
+def kill_tree(procs: Iterable[ProcInfo], timeout: float = 3.0) -> list[ProcInfo]:
+    """Kill what is still alive among ``procs`` (create time must match)."""
+    alive = []
+    for info in procs:
+        try:
+            p = psutil.Process(info.pid)
+            if abs(p.create_time() - info.create_time) > 0.01:
+                continue  # pid reused: not ours
+            p.kill()
+            alive.append(p)
+        except psutil.Error:
+            continue
+    psutil.wait_procs(alive, timeout=timeout)
+    return [i for i in procs if i.pid in {p.pid for p in alive}]

@@ -1,0 +1,170 @@
+"""Run a loader scenario in a fresh interpreter with a hard timeout.
+
+``run_scenario("pkg.mod:func", {...}, timeout=60)`` starts
+``python -m pytest_workerstart.probes.scenario`` in a new session (so every
+descendant, even one orphaned and re-parented to init, shares its session id),
+calls ``func(**kwargs)`` there and returns a :class:`ScenarioResult`.
+
+On timeout the parent asks faulthandler in the child for every thread's stack
+(SIGUSR1), then kills the whole session with psutil and reports ``hang`` with
+those stacks. A child that dies without a result is reported as ``crash``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from pytest_workerstart.probes import reaper
+
+
+@dataclasses.dataclass
+class ScenarioResult:
+    status: str  # ok | error | hang | crash
+    value: Any = None
+    error: str | None = None
+    traceback: str | None = None
+    stacks: str | None = None
+    returncode: int | None = None
+    duration_s: float = 0.0
+    stderr: str = ""
+    leftovers: list[str] = dataclasses.field(default_factory=list)
+
+    def one_line(self) -> str:
+        if self.status == "ok":
+            return "ok"
+        if self.status == "error":
+            return f"scenario raised {self.error}"
+        if self.status == "hang":
+            return f"hang: no result within {self.duration_s:.0f} s (killed; stacks of every thread attached)"
+        return f"crash: scenario process exited with {self.returncode} and no result"
+
+    def details(self) -> str:
+        parts = [self.one_line()]
+        if self.traceback:
+            parts.append(self.traceback)
+        if self.stacks:
+            parts.append("--- thread stacks (faulthandler) ---\n" + self.stacks)
+        elif self.stderr.strip():
+            parts.append("--- stderr (tail) ---\n" + self.stderr[-4000:])
+        if self.leftovers:
+            parts.append("--- left behind, killed by the runner ---\n" + "\n".join(self.leftovers))
+        return "\n".join(parts)
+
+
+def session_members(sid: int) -> list[psutil.Process]:
+    """Every live process whose session id is ``sid`` (Linux /proc)."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid and p.pid != os.getpid():
+                out.append(p)
+        except (OSError, psutil.Error):
+            continue
+    return out
+
+
+def kill_session(sid: int, timeout: float = 5.0) -> list[str]:
+    """Kill every process of session ``sid``; return a line per victim."""
+    victims = session_members(sid)
+    lines = []
+    for p in victims:
+        try:
+            lines.append(f"pid {p.pid} {' '.join(p.cmdline())[:160]}")
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(victims, timeout=timeout)
+    return lines
+
+
+def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 120.0,
+                 env: dict[str, str] | None = None, dump_grace: float = 2.0) -> ScenarioResult:
+    workdir = Path(tempfile.mkdtemp(prefix="workerstart-scenario-"))
+    request = workdir / "request.json"
+    result_path = workdir / "result.json"
+    request.write_text(json.dumps({"target": target, "kwargs": kwargs or {}, "result": str(result_path)}))
+    err_path = workdir / "stderr.txt"
+    start = time.monotonic()
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest_workerstart.probes.scenario", str(request)],
+            stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+    reaper.register_session(proc.pid)
+    stacks = None
+    try:
+        proc.wait(timeout=timeout)
+        status = None
+    except subprocess.TimeoutExpired:
+        status = "hang"
+        try:
+            proc.send_signal(signal.SIGUSR1)
+            proc.wait(timeout=dump_grace)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            pass
+    duration = time.monotonic() - start
+    if status == "hang":
+        stacks = err_path.read_text(errors="replace")[-20000:]
+    leftovers = kill_session(proc.pid)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    reaper.unregister_session(proc.pid)
+    stderr = err_path.read_text(errors="replace")
+    try:
+        if status is None and result_path.exists():
+            data = json.loads(result_path.read_text())
+            res = ScenarioResult(status=data["status"], value=data.get("value"), error=data.get("error"),
+                                 traceback=data.get("traceback"))
+        else:
+            res = ScenarioResult(status=status or "crash", stacks=stacks)
+    finally:
+        for f in workdir.iterdir():
+            f.unlink()
+        workdir.rmdir()
+    res.returncode = proc.returncode
+    res.duration_s = duration
+    res.stderr = stderr
+    res.leftovers = leftovers
+    return res
+
+
+def _child_main(request_path: str) -> int:
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True, file=sys.stderr)
+    req = json.loads(Path(request_path).read_text())
+    module_name, func_name = req["target"].split(":", 1)
+    try:
+        func = getattr(importlib.import_module(module_name), func_name)
+        value = func(**req["kwargs"])
+        out = {"status": "ok", "value": value}
+    except BaseException as exc:  # noqa: BLE001 - everything is reported
+        out = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
+               "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
+    tmp = req["result"] + ".tmp"
+    Path(tmp).write_text(json.dumps(out, default=repr))
+    os.replace(tmp, req["result"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1]))

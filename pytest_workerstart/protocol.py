@@ -1,0 +1,274 @@
+"""The loader protocol: how a SPEC becomes something the suite can drive.
+
+A loader under test is any callable ``make(dataset, **kwargs)`` taking torch
+``DataLoader`` keyword arguments and returning an iterable of batches. Nothing
+else is required; what it can do beyond that is *declared* as capabilities so
+that checks needing a missing one are skipped with a reason, never dropped.
+
+Capabilities come from, in increasing precedence:
+1. the built-in adapter (``reference``, ``torch``, ``torchdata``);
+2. an attribute ``__workerstart_capabilities__`` on the factory (a dict);
+3. ``workerstart_capabilities`` in the ini file;
+4. ``--workerstart-capability NAME=VALUE`` on the command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import multiprocessing
+import re
+from typing import Any, Callable, Mapping
+
+#: Every context name the suite knows about.
+KNOWN_CONTEXTS = ("spawn", "forkserver", "fork")
+
+#: Capability name -> (kind, default, description). ``contexts`` values are
+#: comma-separated lists of context names; ``bool`` values are true/false.
+CAPABILITIES: dict[str, tuple[str, Any, str]] = {
+    "parallel_start": ("contexts", (), "contexts in which the loader starts workers concurrently"),
+    "persistent_workers": ("bool", True, "honours persistent_workers=True (one pool per loader)"),
+    "pin_memory": ("bool", True, "accepts pin_memory=True"),
+    "in_order": ("bool", True, "delivers batch k from worker k mod N"),
+    "timeout": ("bool", True, "honours timeout= while waiting for a batch"),
+    "worker_init_fn": ("bool", True, "calls worker_init_fn in each worker"),
+    "iterable_dataset": ("bool", True, "supports IterableDataset"),
+    "custom_context": ("bool", True, "uses the multiprocessing_context it is given"),
+    "driver_watchdog": ("bool", True, "workers exit when the driving process dies"),
+}
+
+_SPEC_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+BUILTIN_NAMES = ("reference", "torch", "torchdata")
+
+
+class SpecError(Exception):
+    """A loader SPEC, capability or option the user got wrong (a usage error)."""
+
+
+@dataclasses.dataclass
+class LoaderUnderTest:
+    """A resolved loader: the factory plus everything the suite needs to know."""
+
+    spec: str
+    factory: Callable[..., Any]
+    qualname: str
+    version: str
+    parallelism_kwarg: str | None
+    capabilities: dict[str, Any]
+
+    def parallel_contexts(self) -> tuple[str, ...]:
+        return tuple(self.capabilities.get("parallel_start", ()))
+
+    def has(self, name: str, context: str | None = None) -> bool:
+        value = self.capabilities.get(name)
+        if CAPABILITIES[name][0] == "contexts":
+            return context in value if context else bool(value)
+        return bool(value)
+
+    def make(self, dataset, *, parallelism: int | None = None, **kwargs):
+        """Build the loader; ``parallelism`` goes through the declared kwarg."""
+        if parallelism is not None:
+            if self.parallelism_kwarg is None:
+                raise SpecError(f"loader {self.spec!r} has no parallelism keyword")
+            kwargs[self.parallelism_kwarg] = parallelism
+        return self.factory(dataset, **kwargs)
+
+    def describe(self) -> dict[str, Any]:
+        return {"spec": self.spec, "qualified_name": self.qualname, "version": self.version}
+
+
+def _import_attr(spec: str) -> Any:
+    if not _SPEC_RE.match(spec):
+        raise SpecError(
+            f"malformed loader SPEC {spec!r}: expected a built-in name "
+            f"({', '.join(BUILTIN_NAMES)}) or 'module:attribute'"
+        )
+    module_name, attr_path = spec.split(":", 1)
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise SpecError(f"loader SPEC {spec!r}: no module named {exc.name!r}") from None
+        raise SpecError(f"loader SPEC {spec!r}: importing {module_name!r} failed: {exc!r}") from None
+    except Exception as exc:  # the user's module raised while importing
+        raise SpecError(f"loader SPEC {spec!r}: importing {module_name!r} failed: {exc!r}") from None
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise SpecError(f"loader SPEC {spec!r}: module {module_name!r} has no attribute {attr_path!r}") from None
+    if not callable(obj):
+        raise SpecError(f"loader SPEC {spec!r}: {attr_path!r} is a {type(obj).__name__}, not a callable")
+    return obj
+
+
+def _version_of(obj: Any) -> str:
+    module = getattr(obj, "__module__", "") or ""
+    top = module.split(".")[0]
+    try:
+        from importlib.metadata import PackageNotFoundError, packages_distributions, version
+
+        for dist in packages_distributions().get(top, []):
+            try:
+                return version(dist)
+            except PackageNotFoundError:
+                continue
+    except Exception:  # metadata is best effort
+        pass
+    mod = importlib.import_module(top) if top else None
+    return str(getattr(mod, "__version__", "unknown"))
+
+
+def _accepts_kwarg(factory: Callable[..., Any], name: str) -> bool:
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return True  # cannot tell (C callables): let the first check tell
+    params = sig.parameters.values()
+    return any(p.kind is p.VAR_KEYWORD for p in params) or name in sig.parameters
+
+
+def _builtin(name: str) -> tuple[Callable[..., Any], str | None, dict[str, Any]]:
+    """Factory, parallelism kwarg and declared capabilities of a built-in name."""
+    if name == "reference":
+        from pytest_workerstart.reference import ParallelStartDataLoader
+
+        return ParallelStartDataLoader, "worker_start_parallelism", dict(ParallelStartDataLoader.__workerstart_capabilities__)
+    if name == "torch":
+        from torch.utils.data import DataLoader
+
+        # Stock torch starts workers one by one and its workers watch getppid(),
+        # which is the forkserver (not the driver) under forkserver.
+        return DataLoader, None, {"parallel_start": ()}
+    if name == "torchdata":
+        try:
+            from torchdata.stateful_dataloader import StatefulDataLoader
+        except ImportError as exc:
+            raise SpecError(f"built-in loader 'torchdata' needs torchdata installed ({exc})") from None
+        kwarg = "spawn_worker_start_parallelism"
+        if _accepts_kwarg(StatefulDataLoader, kwarg) and kwarg in inspect.signature(StatefulDataLoader).parameters:
+            return StatefulDataLoader, kwarg, {"parallel_start": ("spawn",)}
+        return StatefulDataLoader, None, {"parallel_start": ()}
+    raise SpecError(f"unknown built-in loader {name!r}: choose one of {', '.join(BUILTIN_NAMES)} or give 'module:attribute'")
+
+
+def parse_capability(item: str) -> tuple[str, Any]:
+    """``NAME=VALUE`` -> (name, parsed value); unknown names are usage errors."""
+    if "=" not in item:
+        raise SpecError(f"capability {item!r}: expected NAME=VALUE")
+    name, raw = (s.strip() for s in item.split("=", 1))
+    if name not in CAPABILITIES:
+        raise SpecError(f"unknown capability {name!r}: known are {', '.join(sorted(CAPABILITIES))}")
+    return name, _coerce(name, raw)
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = CAPABILITIES[name][0]
+    if kind == "contexts":
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip() and v.strip() != "none"]
+        value = tuple(value)
+        for ctx in value:
+            if ctx not in KNOWN_CONTEXTS:
+                raise SpecError(f"capability {name}: unknown context {ctx!r}")
+        return value
+    if isinstance(value, str):
+        low = value.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise SpecError(f"capability {name}: expected true/false, got {value!r}")
+    return bool(value)
+
+
+def resolve(
+    spec: str,
+    parallelism_kwarg: str | None = None,
+    capability_overrides: Mapping[str, Any] | None = None,
+) -> LoaderUnderTest:
+    """Turn a SPEC into a :class:`LoaderUnderTest`, or raise :class:`SpecError`.
+
+    ``parallelism_kwarg``: ``None`` means "the default for this loader",
+    ``"none"`` means "no parallel start".
+    """
+    spec = spec.strip()
+    caps: dict[str, Any] = {name: default for name, (_, default, _) in CAPABILITIES.items()}
+    if ":" in spec:
+        factory = _import_attr(spec)
+        default_kwarg = getattr(factory, "__workerstart_parallelism_kwarg__", None)
+        if default_kwarg is None:
+            for candidate in ("worker_start_parallelism", "spawn_worker_start_parallelism"):
+                try:
+                    if candidate in inspect.signature(factory).parameters:
+                        default_kwarg = candidate
+                        break
+                except (TypeError, ValueError):
+                    break
+        declared = getattr(factory, "__workerstart_capabilities__", None)
+        if declared is None and default_kwarg:
+            # A torch-signature class with a parallelism kwarg but no declaration:
+            # assume the common case (spawn) and let the user widen it.
+            declared = {"parallel_start": ("spawn",) if default_kwarg.startswith("spawn") else ("spawn", "forkserver")}
+        # Well-known third-party classes given by module:attr get the built-in's declaration.
+        for name in ("torch", "torchdata"):
+            try:
+                b_factory, b_kwarg, b_caps = _builtin(name)
+            except SpecError:
+                continue
+            if b_factory is factory:
+                declared = {**b_caps, **(declared or {})}
+                default_kwarg = default_kwarg or b_kwarg
+        for key, value in (declared or {}).items():
+            if key not in CAPABILITIES:
+                raise SpecError(f"{spec}: __workerstart_capabilities__ names unknown capability {key!r}")
+            caps[key] = _coerce(key, value)
+    elif spec in BUILTIN_NAMES:
+        factory, default_kwarg, declared = _builtin(spec)
+        for key, value in declared.items():
+            caps[key] = _coerce(key, value)
+    elif not spec or not re.match(r"^[A-Za-z_]\w*$", spec):
+        raise SpecError(f"malformed loader SPEC {spec!r}: expected a built-in name ({', '.join(BUILTIN_NAMES)}) or 'module:attribute'")
+    else:
+        _builtin(spec)  # raises the "unknown built-in" error
+        raise AssertionError("unreachable")
+
+    if parallelism_kwarg is None:
+        kwarg = default_kwarg
+    elif parallelism_kwarg.lower() == "none":
+        kwarg = None
+    else:
+        kwarg = parallelism_kwarg
+    if kwarg is not None and not _accepts_kwarg(factory, kwarg):
+        raise SpecError(f"loader {spec!r} does not accept the parallelism keyword {kwarg!r}")
+    if kwarg is None:
+        caps["parallel_start"] = ()
+    elif parallelism_kwarg not in (None, "none") and not caps["parallel_start"]:
+        caps["parallel_start"] = ("spawn", "forkserver")
+    for key, value in (capability_overrides or {}).items():
+        caps[key] = _coerce(key, value)
+    return LoaderUnderTest(
+        spec=spec,
+        factory=factory,
+        qualname=f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}",
+        version=_version_of(factory),
+        parallelism_kwarg=kwarg,
+        capabilities=caps,
+    )
+
+
+def available_contexts() -> tuple[str, ...]:
+    """Contexts this platform offers, in the suite's canonical order."""
+    have = set(multiprocessing.get_all_start_methods())
+    return tuple(c for c in KNOWN_CONTEXTS if c in have)
+
+
+def parse_contexts(value: str) -> tuple[str, ...]:
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    if not names:
+        raise SpecError("--workerstart-context: give at least one of spawn, forkserver, fork")
+    for name in names:
+        if name not in KNOWN_CONTEXTS:
+            raise SpecError(f"unknown context {name!r} in --workerstart-context: choose from {', '.join(KNOWN_CONTEXTS)}")
+    return names

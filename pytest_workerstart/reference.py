@@ -1,0 +1,288 @@
+"""The reference parallel-start loader: a drop-in ``torch.utils.data.DataLoader``.
+
+``ParallelStartDataLoader(..., worker_start_parallelism=p)`` builds every worker
+process and queue first, then starts them in worker-id order with at most
+``min(p, num_workers)`` starts in flight (spawn and forkserver; fork stays
+serial because forking from a process with start threads is unsafe). Workers
+are registered in worker-id order whatever order the starts finish in, so seeds,
+sharding and batch order are exactly torch's.
+
+On any start failure every started process is stopped and joined, every queue
+closed, every start thread joined, and the references a raised exception would
+otherwise keep alive (through traceback frames) are dropped, so nothing leaks
+even while the exception is held. Workers also exit when the *driving* process
+dies (see :mod:`pytest_workerstart.driverwatch`), in every context.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import torch.multiprocessing
+from torch.utils.data import DataLoader
+
+from pytest_workerstart import _torch_internals as _ti
+from pytest_workerstart import driverwatch
+
+__all__ = ["ParallelStartDataLoader", "WorkerStartError", "WorkerFailedError"]
+
+
+class WorkerStartError(RuntimeError):
+    """A worker process could not be started; ``__cause__`` is the original error."""
+
+    def __init__(self, worker_id: int, num_workers: int, cause: BaseException):
+        self.worker_id = worker_id
+        super().__init__(f"DataLoader worker {worker_id} (of {num_workers}) failed to start: "
+                         f"{type(cause).__name__}: {cause}")
+
+
+class WorkerFailedError(RuntimeError):
+    """A worker died, was killed or did not answer within ``timeout``."""
+
+
+def _validate_parallelism(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"worker_start_parallelism must be an int >= 1, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"worker_start_parallelism must be an int >= 1, got {value!r}")
+    return value
+
+
+def _scrub(exc: BaseException | None, seen: set[int] | None = None) -> None:
+    """Drop the locals of finished frames in ``exc``'s tracebacks (and its chain).
+
+    A held exception (``pytest.raises``, logging) otherwise keeps the half-built
+    iterator's processes, queues, fds and semaphores alive through those frames.
+    """
+    seen = seen if seen is not None else set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        _scrub(exc.__context__, seen)
+        exc = exc.__cause__
+
+
+class ParallelStartDataLoader(DataLoader):
+    """``torch.utils.data.DataLoader`` plus ``worker_start_parallelism``.
+
+    ``worker_start_parallelism`` (int >= 1, default 1): how many worker starts may
+    be in flight at once under spawn and forkserver; capped at ``num_workers``;
+    1 starts workers one by one; ignored (serial) under fork.
+    """
+
+    __workerstart_capabilities__ = {"parallel_start": ("spawn", "forkserver")}
+    __workerstart_parallelism_kwarg__ = "worker_start_parallelism"
+
+    def __init__(
+        self,
+        dataset,
+        batch_size=1,
+        shuffle=None,
+        sampler=None,
+        batch_sampler=None,
+        num_workers=0,
+        collate_fn=None,
+        pin_memory=False,
+        drop_last=False,
+        timeout=0,
+        worker_init_fn=None,
+        multiprocessing_context=None,
+        generator=None,
+        *,
+        prefetch_factor=None,
+        persistent_workers=False,
+        pin_memory_device="",
+        in_order=True,
+        worker_start_parallelism: int = 1,
+    ) -> None:
+        self.worker_start_parallelism = _validate_parallelism(worker_start_parallelism)
+        super().__init__(
+            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
+            drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device, in_order=in_order,
+        )
+
+    def _get_iterator(self):
+        if self.num_workers == 0:
+            return super()._get_iterator()
+        self.check_worker_number_rationality()
+        return _ParallelStartIter(self)
+
+
+def _worker_main(token, loop_kwargs) -> None:
+    """Worker process entry: watch the driver, then run torch's worker loop."""
+    driverwatch.watch_driver(token)
+    _ti.run_worker_loop(loop_kwargs)
+
+
+def _start_all(workers, parallelism: int) -> None:
+    """Start ``workers`` in id order, at most ``parallelism`` at once.
+
+    Raises :class:`WorkerStartError` for the lowest failing worker id; every
+    start thread has been joined when this returns or raises.
+    """
+    n = len(workers)
+    if parallelism == 1:
+        for i, w in enumerate(workers):
+            try:
+                w.start()
+            except Exception as exc:
+                raise WorkerStartError(i, n, exc) from exc
+        return
+    stop = threading.Event()
+    errors: dict[int, BaseException] = {}
+
+    def start_one(i: int) -> None:
+        if stop.is_set():
+            return  # an earlier start failed: don't start more
+        try:
+            workers[i].start()
+        except BaseException as exc:
+            errors[i] = exc
+            stop.set()
+
+    pool = ThreadPoolExecutor(max_workers=min(parallelism, n), thread_name_prefix="ParallelStartDataLoader-start")
+    try:
+        futures = [pool.submit(start_one, i) for i in range(n)]
+        for f in futures:
+            f.result()
+    finally:
+        # Also on KeyboardInterrupt: no new starts, and in-flight ones finish before cleanup.
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+    if errors:
+        first = min(errors)
+        exc = errors[first]
+        if not isinstance(exc, Exception):
+            raise exc
+        raise WorkerStartError(first, n, exc) from exc
+
+
+def _stop_launches(launches, done_event) -> None:
+    """Stop and join every started process and close every queue."""
+    done_event.set()
+    started = [(q, w) for q, w in launches if w._popen is not None]
+    for _, w in started:
+        if w.is_alive():
+            w.terminate()
+    for _, w in started:
+        w.join(timeout=_ti.MP_STATUS_CHECK_INTERVAL)
+        if w.is_alive():
+            w.kill()
+            w.join()
+    for q, w in launches:
+        q.cancel_join_thread()
+        q.close()
+        if w._popen is not None:
+            w.close()
+
+
+class _ParallelStartIter(_ti.MultiProcessingIter):
+    def __init__(self, loader: ParallelStartDataLoader) -> None:
+        _ti.BaseIter.__init__(self, loader)
+        self._prefetch_factor = loader.prefetch_factor
+        self._in_order = loader.in_order
+        ctx = loader.multiprocessing_context or torch.multiprocessing
+        method = ctx.get_start_method()
+        self._worker_init_fn = _ti.worker_init_fn_for(self, loader)
+        # Everything torch's shutdown path reads exists before anything can fail.
+        self._worker_pids_set = False
+        self._shutdown = False
+        self._workers: list = []
+        self._index_queues: list = []
+        self._workers_status: list = []
+        self._worker_result_queue = ctx.Queue()
+        self._workers_done_event = ctx.Event()
+        parallelism = 1 if method == "fork" else min(loader.worker_start_parallelism, self._num_workers)
+        try:
+            self._launch(ctx, parallelism)
+        except BaseException as exc:
+            self._abandon()
+            _scrub(exc)  # _launch's frame has finished by now: drop its locals too
+            raise
+        if self._pin_memory:
+            _ti.start_pin_memory_thread(self)
+        else:
+            self._data_queue = self._worker_result_queue
+        if self._persistent_workers and self._pin_memory:
+            self._register_persistent_workers_atexit()
+        _ti.register_worker_pids(self)
+        self._reset(loader, first_iter=True)
+
+    def _launch(self, ctx, parallelism: int) -> None:
+        launches: list = []
+        procs: list = []
+        try:
+            self._build(ctx, launches)
+            procs.extend(w for _, w in launches)
+            _start_all(procs, parallelism)
+        except BaseException as exc:
+            _stop_launches(launches, self._workers_done_event)
+            # Frames and closures in the traceback still see these lists: empty them.
+            launches.clear()
+            procs.clear()
+            _scrub(exc)
+            raise
+        self._index_queues = [q for q, _ in launches]
+        self._workers = [w for _, w in launches]
+
+    def _build(self, ctx, launches: list) -> None:
+        """Append a (index queue, Process) pair per worker, in worker-id order."""
+        token = driverwatch.driver_token()
+        for i in range(self._num_workers):
+            q = ctx.Queue()
+            q.cancel_join_thread()  # the driver never waits on what it sent
+            w = ctx.Process(target=_worker_main, args=(token, _ti.worker_loop_kwargs(self, i, q)), daemon=True)
+            launches.append((q, w))
+
+    def _abandon(self) -> None:
+        """After a failed start: release the shared queue/event; make __del__ a no-op."""
+        self._shutdown = True
+        self._workers_done_event.set()
+        self._worker_result_queue.cancel_join_thread()
+        self._worker_result_queue.close()
+        self._worker_result_queue = self._workers_done_event = None
+        self._workers, self._index_queues = [], []
+
+    def _get_data(self):
+        try:
+            return super()._get_data()
+        except RuntimeError as exc:
+            text = str(exc)
+            if not (text.startswith("DataLoader worker") or text.startswith("DataLoader timed out")):
+                raise
+            message = self._describe_failure(text)
+        # Outside the except block: the RuntimeError is not our __context__.
+        self._fail()
+        raise WorkerFailedError(message)
+
+    def _describe_failure(self, text: str) -> str:
+        names = []
+        for worker_id, w in enumerate(self._workers):
+            code = w.exitcode
+            if code is not None:
+                names.append(f"worker {worker_id} (pid {w.pid}) exited with code {code}")
+        if not names and self._tasks_outstanding:
+            owed = self._task_info.get(self._rcvd_idx)
+            if owed:
+                w = self._workers[owed[0]]
+                names.append(f"worker {owed[0]} (pid {w.pid}) did not answer")
+        return f"{text}: " + "; ".join(names) if names else text
+
+    def _fail(self) -> None:
+        """Shut every worker down and drop queue references (the iterator is dead)."""
+        self._shutdown_workers()
+        for q in (self._worker_result_queue,):
+            if q is not None:
+                q.cancel_join_thread()
+                q.close()
+        for w in self._workers:
+            if w._popen is not None and w.exitcode is not None:
+                w.close()
+        self._worker_result_queue = self._data_queue = None
+        self._workers, self._index_queues = [], []
+        self._workers_status = []
