@@ -59,9 +59,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "workerstart_no_leaks: fail the test if it leaks processes, threads, fds, semaphores or shm")
     if not config.getoption("workerstart"):
         return
+    from pytest_workerstart import harness
     from pytest_workerstart.session import WorkerstartSession
 
     config.pluginmanager.register(WorkerstartSession.from_config(config), "workerstart-session")
+    config.pluginmanager.register(harness, "workerstart-harness")
 
 
 def resolve_loader_spec(config: pytest.Config) -> str:

@@ -119,6 +119,8 @@ class WorkerstartSession:
             json_path=_check_json_path(opt("workerstart_json")) if opt("workerstart_json") else None,
             xfails=_parse_xfail_file(opt("workerstart_xfail")) if opt("workerstart_xfail") else {},
         )
+        # torch warns when num_workers exceeds the cores; the suite does that on purpose.
+        config.addinivalue_line("filterwarnings", "ignore:This DataLoader will create:UserWarning")
         self = cls(config, loader, settings)
         self._add_suite_path()
         return self
@@ -154,6 +156,10 @@ class WorkerstartSession:
             item.user_properties.append(("workerstart_check", check_id))
             if ctx and ctx not in available:
                 item.add_marker(pytest.mark.skip(reason=f"context {ctx!r} is not available on {platform.system()}"))
+                continue
+            if marker.kwargs.get("needs_parallelism_kwarg") and self.loader.parallelism_kwarg is None:
+                item.add_marker(pytest.mark.skip(
+                    reason="loader does not declare capability 'parallel_start' (no parallelism keyword)"))
                 continue
             for cap in marker.kwargs.get("requires", ()):
                 if not self.loader.has(cap, ctx if protocol.CAPABILITIES[cap][0] == "contexts" else None):

@@ -1,0 +1,58 @@
+"""Start clause: validation, default, bound, build-then-start.
+
+Concurrency is *observed*: the instrumented context holds every ``start()``
+until the remaining starts of that iterator are in flight (or 1 s passes), so a
+p-bounded loader shows exactly min(p, N) starts at once and a serial one 1.
+"""
+
+import pytest
+
+from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+from pytest_workerstart.harness import batches_of
+
+check = pytest.mark.workerstart_check
+N = 4
+HOLD = 1.0
+
+
+@check("start.parameter_validation", needs_parallelism_kwarg=True)
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2", None], ids=["zero", "negative", "bool", "float", "str", "none"])
+def test_parameter_validation(ws, bad):
+    kwarg = ws.loader.parallelism_kwarg
+    with pytest.raises((ValueError, TypeError)) as excinfo:
+        ws.make(WorkerTagDataset(8), num_workers=2, **{kwarg: bad})
+    assert kwarg in str(excinfo.value), f"the error must name {kwarg!r}: {excinfo.value!r}"
+
+
+@check("start.default_serial", quick_contexts=("forkserver",))
+def test_default_serial(ws):
+    ctx = ws.context(N, hold=HOLD / 2)
+    loader = ws.make(WorkerTagDataset(8), num_workers=N, ctx=ctx)
+    assert len(batches_of(loader)) == 4
+    peak = ctx.peak_concurrent_starts()
+    assert peak == 1, f"without the parallelism argument, {peak} starts overlapped (want 1)"
+
+
+
+@check("start.respects_bound", requires=("parallel_start",))
+@pytest.mark.parametrize("p", [1, 2, N], ids=lambda p: f"p{p}")
+def test_respects_bound(ws, p):
+    if ws.settings.profile == "quick" and p != 2:
+        pytest.skip("quick profile: p=2 only")
+    ctx = ws.context(N, hold=HOLD)
+    loader = ws.make(WorkerTagDataset(8), num_workers=N, ctx=ctx, parallelism=p)
+    batches = batches_of(loader)
+    assert sorted(i for b in batches for i in b["index"].tolist()) == list(range(8))
+    peak = ctx.peak_concurrent_starts()
+    assert peak == min(p, N), f"parallelism {p}: {peak} starts were in flight at once (want {min(p, N)})"
+
+
+@check("start.builds_all_before_start", requires=("parallel_start",))
+def test_builds_all_before_start(ws):
+    ctx = ws.context(N)
+    loader = ws.make(WorkerTagDataset(8), num_workers=N, ctx=ctx, parallelism=N)
+    batches_of(loader, limit=1)
+    recs = ctx.records(0)
+    assert ctx.built_all_before_first_start(), (
+        "the first start() began before all Process objects existed: "
+        + ", ".join(f"w{r.worker} built {r.constructed:.3f} started {r.start_begin}" for r in recs))
