@@ -16,9 +16,10 @@ dies (see :mod:`pytest_workerstart.driverwatch`), in every context.
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.multiprocessing
@@ -113,17 +114,42 @@ class ParallelStartDataLoader(DataLoader):
         return _ParallelStartIter(self)
 
 
+#: Seconds a worker may outlive the shutdown signal before it exits on its own.
+DONE_GRACE_S = 1.0
+
+
+def _exit_when_done(done_event) -> None:
+    done_event.wait()
+    time.sleep(DONE_GRACE_S)
+    os._exit(0)
+
+
 def _worker_main(token, loop_kwargs) -> None:
-    """Worker process entry: watch the driver, then run torch's worker loop."""
+    """Worker process entry: watch the driver and the done event, then run
+    torch's worker loop.
+
+    Why the done-event watch: when a failed iterator is collected by the cyclic
+    gc (a worker's exception was raised and held), the index queues' feeder
+    threads are finalized (weakref callbacks) *before* the iterator's
+    ``__del__`` puts the ``None`` that tells workers to exit, so each worker
+    waited out torch's 5 s join. torch already has workers drop their
+    results once ``done_event`` is set; exiting shortly after it is the same
+    intent, without the wait.
+    """
     driverwatch.watch_driver(token)
+    threading.Thread(target=_exit_when_done, args=(loop_kwargs["done_event"],),
+                     name="workerstart-done-watch", daemon=True).start()
     _ti.run_worker_loop(loop_kwargs)
 
 
 def _start_all(workers, parallelism: int) -> None:
     """Start ``workers`` in id order, at most ``parallelism`` at once.
 
-    Raises :class:`WorkerStartError` for the lowest failing worker id; every
-    start thread has been joined when this returns or raises.
+    Raises :class:`WorkerStartError` for the lowest failing worker id. Every
+    start thread has been joined when this returns or raises, also when a
+    KeyboardInterrupt lands in the main thread while they run (even inside
+    ``Thread.start()``, which is why this is not a ThreadPoolExecutor: an
+    interrupted ``submit`` can leave a pool thread it no longer joins).
     """
     n = len(workers)
     if parallelism == 1:
@@ -135,31 +161,54 @@ def _start_all(workers, parallelism: int) -> None:
         return
     stop = threading.Event()
     errors: dict[int, BaseException] = {}
+    next_id = iter(range(n))
+    lock = threading.Lock()
 
-    def start_one(i: int) -> None:
-        if stop.is_set():
-            return  # an earlier start failed: don't start more
-        try:
-            workers[i].start()
-        except BaseException as exc:
-            errors[i] = exc
-            stop.set()
+    def run() -> None:
+        while not stop.is_set():
+            with lock:
+                i = next(next_id, None)
+            if i is None:
+                return
+            try:
+                workers[i].start()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors[i] = exc
+                stop.set()
 
-    pool = ThreadPoolExecutor(max_workers=min(parallelism, n), thread_name_prefix="ParallelStartDataLoader-start")
+    threads: list[threading.Thread] = []
     try:
-        futures = [pool.submit(start_one, i) for i in range(n)]
-        for f in futures:
-            f.result()
+        for k in range(min(parallelism, n)):
+            t = threading.Thread(target=run, name=f"ParallelStartDataLoader-start-{k}", daemon=True)
+            threads.append(t)
+            t.start()
+        for t in threads:
+            t.join()
     finally:
-        # Also on KeyboardInterrupt: no new starts, and in-flight ones finish before cleanup.
-        stop.set()
-        pool.shutdown(wait=True, cancel_futures=True)
+        stop.set()  # no new starts; in-flight ones finish, then cleanup sees them
+        for t in threads:
+            _join_started(t)
+        threads.clear()
     if errors:
         first = min(errors)
-        exc = errors[first]
+        exc = errors.pop(first)
+        errors.clear()
         if not isinstance(exc, Exception):
             raise exc
         raise WorkerStartError(first, n, exc) from exc
+
+
+def _join_started(t: threading.Thread, patience: float = 1.0) -> None:
+    """Join ``t`` even if an interrupted ``t.start()`` had not yet seen it run."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            t.join()
+            return
+        except RuntimeError:  # "cannot join thread before it is started"
+            if time.monotonic() > deadline:
+                return  # it never started
+            time.sleep(0.01)
 
 
 def _stop_launches(launches, done_event) -> None:
@@ -286,3 +335,4 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         self._worker_result_queue = self._data_queue = None
         self._workers, self._index_queues = [], []
         self._workers_status = []
+        self._task_info.clear()  # batches received out of order hold shm fds

@@ -83,9 +83,12 @@ class FaultPlan:
         return [f for f in self.faults if f.worker == worker and f.generation in (None, generation)]
 
     @staticmethod
-    def worker_init_fn(worker: int) -> "RaiseInWorkerInit":
-        """A picklable ``worker_init_fn`` that raises in ``worker`` only."""
-        return RaiseInWorkerInit(worker)
+    def worker_init_fn(worker: int, once_path: str | None = None) -> "RaiseInWorkerInit":
+        """A picklable ``worker_init_fn`` that raises in ``worker`` only.
+
+        With ``once_path`` it raises only the first time (it creates that file),
+        so a later ``iter()`` can succeed."""
+        return RaiseInWorkerInit(worker, once_path)
 
     def describe(self) -> str:
         return ", ".join(f"{f.kind}@{f.worker}" + (f"={f.value}" if f.value else "") for f in self.faults) or "none"
@@ -102,10 +105,17 @@ class InjectedWorkerInitError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class RaiseInWorkerInit:
     worker: int
+    once_path: str | None = None
 
     def __call__(self, worker_id: int) -> None:
-        if worker_id == self.worker:
-            raise InjectedWorkerInitError(f"injected by workerstart: worker_init_fn of worker {worker_id}")
+        if worker_id != self.worker:
+            return
+        if self.once_path is not None:
+            try:
+                os.close(os.open(self.once_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            except FileExistsError:
+                return
+        raise InjectedWorkerInitError(f"injected by workerstart: worker_init_fn of worker {worker_id}")
 
 
 def apply_parent_fault(fault: Fault) -> None:

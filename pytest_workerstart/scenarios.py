@@ -1,0 +1,141 @@
+"""Scenarios that run in a fresh interpreter (see :mod:`.probes.scenario`).
+
+Each ``scenario_*`` function runs in the child, rebuilds the loader from its
+SPEC, drives it, and returns plain JSON. The ``judge_*`` functions run in
+pytest and turn that JSON into a verdict. Anything that might hang forever or
+kill the driver belongs here, so pytest itself can never be the casualty.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from pytest_workerstart.probes.scenario import ScenarioResult, run_scenario
+
+
+def run(loader, context: str, name: str, *, timeout: float, **kwargs) -> ScenarioResult:
+    """Run ``scenario_<name>`` for ``loader`` (a LoaderUnderTest) in ``context``."""
+    spec = {"spec": loader.spec, "kwarg": loader.parallelism_kwarg or "none",
+            "caps": {k: list(v) if isinstance(v, tuple) else v for k, v in loader.capabilities.items()}}
+    # The child must import what pytest could (rootdir/conftest sys.path entries).
+    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
+    return run_scenario(f"{__name__}:scenario_{name}", {"loader": spec, "context": context, **kwargs},
+                        timeout=timeout, env=env)
+
+
+def _setup(loader: dict, context: str):
+    from pytest_workerstart import protocol
+    from pytest_workerstart.harness import warm_forkserver
+
+    lut = protocol.resolve(loader["spec"], loader["kwarg"], loader["caps"])
+    if context == "forkserver":
+        warm_forkserver()
+    return lut
+
+
+def _chain(exc) -> list[str]:
+    from pytest_workerstart.harness import exception_chain
+
+    return [f"{type(e).__name__}: {e}"[:600] for e in exception_chain(exc)]
+
+
+# --- child faults during start ----------------------------------------------
+
+
+def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, num_workers: int,
+                         parallelism: int | None, loader_timeout: float) -> dict[str, Any]:
+    from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+    from pytest_workerstart.probes.context import InstrumentedContext
+    from pytest_workerstart.probes.faults import FaultPlan
+    from pytest_workerstart.probes.leaks import LeakSnapshot
+
+    lut = _setup(loader, context)
+    before = LeakSnapshot.take()
+    plan = getattr(FaultPlan, fault)(worker)
+    ctx = InstrumentedContext(context, num_workers=num_workers, faults=plan)
+    dl = lut.make(WorkerTagDataset(12), num_workers=num_workers, multiprocessing_context=ctx,
+                  parallelism=parallelism, batch_size=2, timeout=loader_timeout)
+    t0 = time.monotonic()
+    error = None
+    try:
+        for batch in dl:
+            del batch  # a batch still referenced keeps its shm fd: not a leak
+    except Exception as exc:  # noqa: BLE001
+        error = exc
+    elapsed = time.monotonic() - t0
+    pids = {r.worker: r.pid for r in ctx.records(0)}
+    chain = _chain(error) if error is not None else []
+    live = LeakSnapshot.wait_clean(before, timeout=10, kinds=("processes", "threads"))
+    error = None
+    del dl
+    gc.collect()
+    after = LeakSnapshot.wait_clean(before, timeout=15)
+    ctx.close()
+    return {"raised": bool(chain), "chain": chain, "elapsed": elapsed, "pids": pids,
+            "live_while_held": live.format() if live else "", "leaks": after.format() if after else "",
+            "leak_summary": after.summary()}
+
+
+def judge_child_fault(out: dict, worker: int, within: float | None = None) -> None:
+    if not out["raised"]:
+        pytest.fail(f"the loader finished without an error although worker {worker} died during start",
+                    pytrace=False)
+    text = " | ".join(out["chain"])
+    pid = out["pids"].get(str(worker)) or out["pids"].get(worker)
+    names = [f"worker {worker}", f"worker process {worker}"] + ([str(pid)] if pid else [])
+    assert any(n in text for n in names), f"the error does not name worker {worker} (pid {pid}): {text[:400]}"
+    if within is not None:
+        assert out["elapsed"] <= within, f"the error came after {out['elapsed']:.1f} s (bound {within} s)"
+    assert not out["leaks"], f"leaked after the error: {out['leak_summary']}\n{out['leaks']}"
+
+
+# --- Ctrl-C while workers start ------------------------------------------------
+
+
+def scenario_interrupt(loader: dict, context: str, worker: int, num_workers: int,
+                       parallelism: int | None) -> dict[str, Any]:
+    from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+    from pytest_workerstart.probes.context import InstrumentedContext
+    from pytest_workerstart.probes.faults import FaultPlan
+    from pytest_workerstart.probes.leaks import LeakSnapshot
+
+    lut = _setup(loader, context)
+    before = LeakSnapshot.take()
+    # Later workers start slowly so the interrupt lands while starts are in flight.
+    plan = FaultPlan.interrupt(worker) + FaultPlan.start_delay({w: 0.5 for w in range(worker + 1, num_workers)})
+    ctx = InstrumentedContext(context, num_workers=num_workers, faults=plan)
+    dl = lut.make(WorkerTagDataset(12), num_workers=num_workers, multiprocessing_context=ctx,
+                  parallelism=parallelism, batch_size=2)
+    holder: list = []
+    try:
+        next(iter(dl))
+        time.sleep(1.0)  # a KeyboardInterrupt may still be on its way
+    except BaseException as exc:  # noqa: BLE001
+        holder.append(exc)
+    raised = [f"{type(e).__name__}" for e in holder]
+    detail = "".join(__import__("traceback").format_exception(holder[0]))[-3000:] if holder else ""
+    live = LeakSnapshot.wait_clean(before, timeout=10, kinds=("processes", "threads"))
+    while_held = before.diff(LeakSnapshot.take())
+    holder.clear()
+    del dl
+    gc.collect()
+    after = LeakSnapshot.wait_clean(before, timeout=15)
+    ctx.close()
+    return {"raised": raised, "detail": detail, "live_while_held": live.format() if live else "",
+            "held_only": while_held.only(("fds", "shm")).summary() if while_held else "",
+            "leaks": after.format() if after else "", "leak_summary": after.summary()}
+
+
+def judge_interrupt(out: dict, strict: bool = False) -> None:
+    assert out["raised"] == ["KeyboardInterrupt"], (
+        f"expected KeyboardInterrupt, got {out['raised'] or 'nothing'}\n{out.get('detail', '')}")
+    assert not out["live_while_held"], f"while the KeyboardInterrupt is held:\n{out['live_while_held']}"
+    assert not out["leaks"], f"leaked after Ctrl-C during start: {out['leak_summary']}\n{out['leaks']}"
+    if strict and out["held_only"] and out["held_only"] != "nothing":
+        pytest.fail(f"held only by the referenced KeyboardInterrupt: {out['held_only']} (strict mode)", pytrace=False)
