@@ -139,3 +139,48 @@ def judge_interrupt(out: dict, strict: bool = False) -> None:
     assert not out["leaks"], f"leaked after Ctrl-C during start: {out['leak_summary']}\n{out['leaks']}"
     if strict and out["held_only"] and out["held_only"] != "nothing":
         pytest.fail(f"held only by the referenced KeyboardInterrupt: {out['held_only']} (strict mode)", pytrace=False)
+
+
+# --- the driver dies --------------------------------------------------------
+
+
+def scenario_driver(loader: dict, context: str, case: str, num_workers: int, parallelism: int | None,
+                    ready_path: str, go_path: str) -> None:
+    """Drive the loader to the kill point, say so, then wait to be killed.
+
+    ``case``: ``after_first_batch``, or ``mid_start`` (the last worker's
+    ``start()`` is delayed 10 minutes, so the kill lands while it starts).
+    """
+    import threading
+    from pathlib import Path
+
+    from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+    from pytest_workerstart.probes.context import InstrumentedContext
+    from pytest_workerstart.probes.faults import FaultPlan
+
+    lut = _setup(loader, context)
+    ready, go = Path(ready_path), Path(go_path)
+
+    def exit_on_go() -> None:  # the os._exit(0) variant
+        while not go.exists():
+            time.sleep(0.05)
+        os._exit(0)
+
+    threading.Thread(target=exit_on_go, daemon=True).start()
+    plan = FaultPlan.start_delay({num_workers - 1: 600.0}) if case == "mid_start" else None
+    ctx = InstrumentedContext(context, num_workers=num_workers, faults=plan)
+    dl = lut.make(WorkerTagDataset(64), num_workers=num_workers, multiprocessing_context=ctx,
+                  parallelism=parallelism, batch_size=2)
+    if case == "mid_start":
+        def announce() -> None:
+            while sum(r.start_end is not None for r in ctx.records(0)) < num_workers - 1:
+                time.sleep(0.05)
+            ready.write_text("mid-start")
+
+        threading.Thread(target=announce, daemon=True).start()
+        iter(dl)  # blocks in the delayed start until killed
+    else:
+        it = iter(dl)
+        next(it)
+        ready.write_text("after-first-batch")
+    time.sleep(600)

@@ -1,0 +1,41 @@
+"""failure.driver_killed: nothing the driver started may outlive it.
+
+The scenario process drives the loader (after its first batch, or while the
+last worker is still starting), is killed with SIGKILL or leaves with
+``os._exit(0)``, and every process it created (workers, forkserver, resource
+tracker, grandchildren; recorded with create times before the kill) must be
+gone within ``--workerstart-driver-death-timeout`` (default 15 s), along with
+any ``/dev/shm`` entry created meanwhile. Survivors are listed, then killed.
+"""
+
+import os
+import sys
+
+import pytest
+
+from pytest_workerstart.probes.driver_death import run_driver_death
+
+check = pytest.mark.workerstart_check
+N = 2
+
+
+@check("failure.driver_killed", quick_contexts=("forkserver",))
+@pytest.mark.parametrize("case", ["after_first_batch", "mid_start"])
+@pytest.mark.parametrize("exit_mode", ["sigkill", "exit"])
+def test_driver_killed(ws, case, exit_mode):
+    if ws.settings.profile == "quick" and (case, exit_mode) != ("mid_start", "sigkill"):
+        pytest.skip("quick profile: a SIGKILL mid-start only")
+    loader = ws.loader
+    spec = {"spec": loader.spec, "kwarg": loader.parallelism_kwarg or "none",
+            "caps": {k: list(v) if isinstance(v, tuple) else v for k, v in loader.capabilities.items()}}
+    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
+    bound = ws.settings.driver_death_timeout
+    res = run_driver_death(
+        "pytest_workerstart.scenarios:scenario_driver",
+        {"loader": spec, "context": ws.context_name, "case": case, "num_workers": N,
+         "parallelism": N if ws.max_parallel else None},
+        exit_mode=exit_mode, bound=bound, env=env)
+    if res.setup_error:
+        pytest.fail(res.report(), pytrace=False)
+    assert res.ok, (f"{len(res.survivors)} process(es) and {len(res.shm_left)} /dev/shm entr(ies) outlived the "
+                    f"driver by {bound:.0f} s ({exit_mode}, {case}); killed by the suite:\n{res.report()}")

@@ -1,0 +1,152 @@
+"""Kill the process that drives a loader and watch what it leaves behind.
+
+The scenario process (own session) builds the loader and reports readiness;
+the parent walks its process tree *before* the kill (pids plus create times,
+so a reused pid is never mistaken for a survivor), kills it with SIGKILL or
+lets it ``os._exit(0)``, then polls until every recorded process, and every
+later member of its session, is gone, or the bound passes. ``/dev/shm``
+entries created meanwhile must be gone too. Survivors are listed with pid,
+cmdline and age, then killed; leftover shm entries are unlinked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from pytest_workerstart.probes import reaper
+from pytest_workerstart.probes.leaks import SHM_PATTERN, ProcInfo, kill_tree
+from pytest_workerstart.probes.scenario import kill_session, session_members
+
+
+@dataclasses.dataclass
+class DriverDeathResult:
+    ok: bool
+    setup_error: str | None
+    recorded: list[ProcInfo]
+    survivors: list[tuple[ProcInfo, float]]  # (process, age in s)
+    shm_left: list[str]
+    gone_after_s: float | None
+
+    def report(self) -> str:
+        if self.setup_error:
+            return f"scenario did not reach the kill point: {self.setup_error}"
+        lines = []
+        for info, age in self.survivors:
+            lines.append(f"  survivor: pid {info.pid} age {age:.0f} s: {info.cmdline[:200]}")
+        for name in self.shm_left:
+            lines.append(f"  /dev/shm left: {name}")
+        return "\n".join(lines) or "  (nothing left)"
+
+
+def _shm() -> set[str]:
+    try:
+        return {n for n in os.listdir("/dev/shm") if SHM_PATTERN.match(n)}
+    except FileNotFoundError:
+        return set()
+
+
+def _alive(info: ProcInfo) -> bool:
+    try:
+        p = psutil.Process(info.pid)
+        return abs(p.create_time() - info.create_time) < 0.01 and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _info(p: psutil.Process) -> ProcInfo | None:
+    try:
+        with p.oneshot():
+            return ProcInfo(p.pid, p.create_time(), " ".join(p.cmdline()), p.status())
+    except psutil.Error:
+        return None
+
+
+def run_driver_death(target: str, kwargs: dict, *, exit_mode: str, bound: float = 15.0,
+                     ready_timeout: float = 120.0, env: dict | None = None) -> DriverDeathResult:
+    """``exit_mode``: ``sigkill`` or ``exit`` (``os._exit(0)`` inside the driver)."""
+    if exit_mode not in ("sigkill", "exit"):
+        raise ValueError(f"exit_mode must be 'sigkill' or 'exit', got {exit_mode!r}")
+    workdir = Path(tempfile.mkdtemp(prefix="workerstart-driver-"))
+    ready, go = workdir / "ready", workdir / "go"
+    request = workdir / "request.json"
+    request.write_text(json.dumps({"target": target, "result": str(workdir / "result.json"),
+                                   "kwargs": {**kwargs, "ready_path": str(ready), "go_path": str(go)}}))
+    shm_before = _shm()
+    err = open(workdir / "stderr.txt", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "pytest_workerstart.probes.scenario", str(request)],
+                            stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
+                            env={**os.environ, **(env or {})})
+    err.close()
+    reaper.register_session(proc.pid)
+    recorded: list[ProcInfo] = []
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                why = "exited early" if proc.poll() is not None else f"not ready within {ready_timeout:.0f} s"
+                tail = (workdir / "stderr.txt").read_text(errors="replace")[-3000:]
+                try:
+                    result = json.loads((workdir / "result.json").read_text())
+                    tail = result.get("traceback") or result.get("error") or tail
+                except (OSError, ValueError):
+                    pass
+                return DriverDeathResult(False, f"{why}\n{tail}", [], [], [], None)
+            time.sleep(0.05)
+        time.sleep(0.2)  # let the tree settle (a start may be returning)
+        tree = [psutil.Process(proc.pid)]
+        try:
+            tree += tree[0].children(recursive=True)
+        except psutil.Error:
+            pass
+        tree += [p for p in session_members(proc.pid) if p.pid not in {t.pid for t in tree}]
+        recorded += [i for i in (_info(p) for p in tree) if i is not None]
+        killed_at = time.monotonic()
+        if exit_mode == "sigkill":
+            os.kill(proc.pid, signal.SIGKILL)
+        else:
+            go.write_text("go")
+        proc.wait(timeout=30)
+        survivors: list[ProcInfo] = []
+        gone_after = None
+        while True:
+            late = [i for i in (_info(p) for p in session_members(proc.pid)) if i is not None]
+            known = {(i.pid, i.create_time) for i in recorded}
+            recorded += [i for i in late if (i.pid, i.create_time) not in known]
+            survivors = [i for i in recorded if i.pid != proc.pid and _alive(i)]
+            shm_left = sorted(_shm() - shm_before)
+            if not survivors and not shm_left:
+                gone_after = time.monotonic() - killed_at
+                break
+            if time.monotonic() - killed_at > bound:
+                break
+            time.sleep(0.2)
+        now = time.time()
+        result = DriverDeathResult(
+            ok=not survivors and not shm_left, setup_error=None, recorded=recorded,
+            survivors=[(i, now - i.create_time) for i in survivors], shm_left=shm_left, gone_after_s=gone_after)
+        return result
+    finally:
+        kill_tree([i for i in recorded if i.pid != proc.pid])
+        kill_session(proc.pid)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reaper.unregister_session(proc.pid)
+        for name in sorted(_shm() - shm_before):
+            try:
+                os.unlink(f"/dev/shm/{name}")
+            except OSError:
+                pass
+        for f in workdir.iterdir():
+            f.unlink()
+        workdir.rmdir()
