@@ -16,7 +16,6 @@ dies (see :mod:`pytest_workerstart.driverwatch`), in every context.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import traceback
@@ -114,32 +113,19 @@ class ParallelStartDataLoader(DataLoader):
         return _ParallelStartIter(self)
 
 
-#: Seconds a worker may outlive the shutdown signal before it exits on its own.
-DONE_GRACE_S = 1.0
-
-
-def _exit_when_done(done_event) -> None:
-    done_event.wait()
-    time.sleep(DONE_GRACE_S)
-    os._exit(0)
-
-
 def _worker_main(token, loop_kwargs) -> None:
-    """Worker process entry: watch the driver and the done event, then run
-    torch's worker loop.
-
-    Why the done-event watch: when a failed iterator is collected by the cyclic
-    gc (a worker's exception was raised and held), the index queues' feeder
-    threads are finalized (weakref callbacks) *before* the iterator's
-    ``__del__`` puts the ``None`` that tells workers to exit, so each worker
-    waited out torch's 5 s join. torch already has workers drop their
-    results once ``done_event`` is set; exiting shortly after it is the same
-    intent, without the wait.
-    """
+    """Worker process entry: watch the driver, then run torch's worker loop."""
     driverwatch.watch_driver(token)
-    threading.Thread(target=_exit_when_done, args=(loop_kwargs["done_event"],),
-                     name="workerstart-done-watch", daemon=True).start()
     _ti.run_worker_loop(loop_kwargs)
+
+
+#: Index queues of live iterators, held outside any reference cycle.
+#: Why: an iterator kept alive by a held exception dies in the cyclic gc, which
+#: runs the queues' weakref finalizers (stopping their feeder threads) *before*
+#: the iterator's ``__del__`` puts the ``None`` that tells workers to exit, so
+#: every worker waited out torch's 5 s join (stock torch: 15 s for 3 workers).
+#: Held here, the queues are not garbage in that pass and the ``None`` arrives.
+_LIVE_INDEX_QUEUES: dict[int, list] = {}
 
 
 def _start_all(workers, parallelism: int) -> None:
@@ -260,7 +246,14 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         if self._persistent_workers and self._pin_memory:
             self._register_persistent_workers_atexit()
         _ti.register_worker_pids(self)
+        _LIVE_INDEX_QUEUES[id(self)] = list(self._index_queues)
         self._reset(loader, first_iter=True)
+
+    def _shutdown_workers(self) -> None:
+        try:
+            super()._shutdown_workers()
+        finally:
+            _LIVE_INDEX_QUEUES.pop(id(self), None)
 
     def _launch(self, ctx, parallelism: int) -> None:
         launches: list = []

@@ -27,6 +27,8 @@ SUITE_DIR = Path(__file__).resolve().parent / "conformance"
 if not SUITE_DIR.is_dir():  # running from a source checkout (editable install)
     SUITE_DIR = Path(__file__).resolve().parent.parent / "conformance"
 
+#: Per-check hard limit (pytest-timeout) unless the check sets its own.
+CHECK_TIMEOUT_S = 300
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "error")
 _XFAIL_LINE = re.compile(r"^(?P<id>[a-z_]+\.[a-z_]+)(\[(?P<ctx>[a-z]+)\])?\s*:\s*(?P<reason>.*)$")
 
@@ -154,6 +156,9 @@ class WorkerstartSession:
             check_id = marker.args[0]
             ctx = item.callspec.params.get("ws_context") if hasattr(item, "callspec") else None
             item.user_properties.append(("workerstart_check", check_id))
+            if item.get_closest_marker("timeout") is None:
+                # pytest-timeout's signal method fails just this check on a hang.
+                item.add_marker(pytest.mark.timeout(CHECK_TIMEOUT_S))
             if ctx and ctx not in available:
                 item.add_marker(pytest.mark.skip(reason=f"context {ctx!r} is not available on {platform.system()}"))
                 continue

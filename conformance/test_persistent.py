@@ -1,0 +1,24 @@
+"""persistent.reuse: with persistent_workers=True the pool lives as long as the
+loader, not the iterator: epochs 2 and 3 use epoch 1's worker pids and start
+nothing new (the instrumented context counts every Process built)."""
+
+import pytest
+
+from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+
+check = pytest.mark.workerstart_check
+N = 2
+
+
+@check("persistent.reuse", requires=("persistent_workers",))
+def test_reuse(ws):
+    ctx = ws.context(N)
+    loader = ws.make(WorkerTagDataset(8), num_workers=N, ctx=ctx, parallelism=N if ws.max_parallel else None,
+                     persistent_workers=True)
+    pids = []
+    for _epoch in range(3):
+        pids.append(sorted({int(p) for batch in loader for p in batch["pid"]}))
+    built = len(ctx.records())
+    del loader
+    assert pids[0] == pids[1] == pids[2], f"worker pids changed across epochs: {pids}"
+    assert built == N, f"{built} worker processes were built over 3 epochs (want {N})"

@@ -1,0 +1,33 @@
+"""prefetch.bound: in-flight batches never exceed prefetch_factor x num_workers.
+
+A dataset appends a line per fetched item to a file; the test consumes slowly
+and, after each batch, counts fetched-but-unconsumed items from outside. Batch
+size 1, so items are batches. The bound is a hard invariant: it does not
+depend on the machine's speed, only a loader that prefetches more can fail.
+"""
+
+import time
+
+import pytest
+
+from pytest_workerstart.fixtures.datasets import CountingDataset
+
+check = pytest.mark.workerstart_check
+N = 2
+PF = 2
+
+
+@check("prefetch.bound")
+def test_bound(ws, tmp_path):
+    ds = CountingDataset(str(tmp_path / "fetched.txt"), n=40)
+    loader = ws.make(ds, num_workers=N, parallelism=N if ws.max_parallel else None, batch_size=1,
+                     prefetch_factor=PF)
+    worst = 0
+    for consumed, _batch in enumerate(loader, start=1):
+        time.sleep(0.05)  # a slow consumer: an unbounded loader runs far ahead
+        ahead = ds.fetched() - consumed
+        worst = max(worst, ahead)
+        if consumed == 20:
+            break
+    del loader
+    assert worst <= PF * N, f"{worst} batches were in flight beyond those consumed (bound {PF} x {N} = {PF * N})"
