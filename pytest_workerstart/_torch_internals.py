@@ -60,7 +60,7 @@ def check_supported(version: str | None = None) -> None:
     params = tuple(inspect.signature(_utils.worker._worker_loop).parameters)
     if params != WORKER_LOOP_PARAMS:
         raise UnsupportedTorchError(f"torch {version}: _worker_loop parameters changed: {params}")
-    for name in ("_set_worker_pids", "_remove_worker_pids", "_set_SIGCHLD_handler"):
+    for name in ("_set_worker_pids", "_remove_worker_pids", "_set_SIGCHLD_handler", "_error_if_any_worker_fails"):
         if not hasattr(_utils.signal_handling, name):
             raise UnsupportedTorchError(f"torch {version}: _utils.signal_handling.{name} is missing")
     for name in ("_reset", "_try_get_data", "_get_data", "_shutdown_workers", "_next_data",
@@ -121,6 +121,8 @@ def register_worker_pids(it) -> None:
     _utils.signal_handling._set_worker_pids(id(it), tuple(w.pid for w in it._workers))
     _utils.signal_handling._set_SIGCHLD_handler()
     it._worker_pids_set = True
+    # A worker that died before its pid was registered sent its SIGCHLD too early.
+    _utils.signal_handling._error_if_any_worker_fails()
 
 
 def unregister_worker_pids(it) -> None:

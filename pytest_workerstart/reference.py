@@ -43,6 +43,11 @@ class WorkerFailedError(RuntimeError):
     """A worker died, was killed or did not answer within ``timeout``."""
 
 
+def _is_worker_failure(exc: BaseException) -> bool:
+    text = str(exc)
+    return text.startswith("DataLoader worker") or text.startswith("DataLoader timed out")
+
+
 def _validate_parallelism(value) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"worker_start_parallelism must be an int >= 1, got {type(value).__name__} {value!r}")
@@ -110,7 +115,7 @@ class ParallelStartDataLoader(DataLoader):
         if self.num_workers == 0:
             return super()._get_iterator()
         self.check_worker_number_rationality()
-        return _ParallelStartIter(self)
+        return self._iterator_class(self)
 
 
 def _worker_main(token, loop_kwargs) -> None:
@@ -128,22 +133,25 @@ def _worker_main(token, loop_kwargs) -> None:
 _LIVE_INDEX_QUEUES: dict[int, list] = {}
 
 
-def _start_all(workers, parallelism: int) -> None:
+def _start_all(workers, parallelism: int, finished: list | None = None) -> None:
     """Start ``workers`` in id order, at most ``parallelism`` at once.
 
-    Raises :class:`WorkerStartError` for the lowest failing worker id. Every
+    Appends each worker id to ``finished`` as its start returns. Raises
+    :class:`WorkerStartError` for the lowest failing worker id. Every
     start thread has been joined when this returns or raises, also when a
     KeyboardInterrupt lands in the main thread while they run (even inside
     ``Thread.start()``, which is why this is not a ThreadPoolExecutor: an
     interrupted ``submit`` can leave a pool thread it no longer joins).
     """
     n = len(workers)
+    finished = finished if finished is not None else []
     if parallelism == 1:
         for i, w in enumerate(workers):
             try:
                 w.start()
             except Exception as exc:
                 raise WorkerStartError(i, n, exc) from exc
+            finished.append(i)
         return
     stop = threading.Event()
     errors: dict[int, BaseException] = {}
@@ -161,6 +169,9 @@ def _start_all(workers, parallelism: int) -> None:
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors[i] = exc
                 stop.set()
+            else:
+                with lock:
+                    finished.append(i)
 
     threads: list[threading.Thread] = []
     try:
@@ -232,45 +243,86 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         self._workers_status: list = []
         self._worker_result_queue = ctx.Queue()
         self._workers_done_event = ctx.Event()
-        parallelism = 1 if method == "fork" else min(loader.worker_start_parallelism, self._num_workers)
+        parallelism = self._effective_parallelism(loader, method)
         try:
             self._launch(ctx, parallelism)
         except BaseException as exc:
             self._abandon()
-            _scrub(exc)  # _launch's frame has finished by now: drop its locals too
+            self._forget(exc)  # _launch's frame has finished by now: drop its locals too
             raise
-        if self._pin_memory:
-            _ti.start_pin_memory_thread(self)
-        else:
-            self._data_queue = self._worker_result_queue
-        if self._persistent_workers and self._pin_memory:
-            self._register_persistent_workers_atexit()
-        _ti.register_worker_pids(self)
         _LIVE_INDEX_QUEUES[id(self)] = list(self._index_queues)
-        self._reset(loader, first_iter=True)
+        try:
+            if self._pin_memory:
+                _ti.start_pin_memory_thread(self)
+            else:
+                self._data_queue = self._worker_result_queue
+            if self._persistent_workers and self._pin_memory:
+                self._register_persistent_workers_atexit()
+            # Prime first, then listen for SIGCHLD: torch's handler raises
+            # asynchronously, and inside Queue.put it can leave a feeder thread
+            # that no close() reaches. A worker that died meanwhile is reported
+            # synchronously by register_worker_pids.
+            self._reset(loader, first_iter=True)
+            _ti.register_worker_pids(self)
+        except RuntimeError as exc:  # a worker died while we primed it
+            if not _is_worker_failure(exc):
+                raise
+            message = self._describe_failure(str(exc))
+        else:
+            return
+        self._fail()
+        raise WorkerFailedError(message)
 
     def _shutdown_workers(self) -> None:
+        # A worker that already died makes torch's SIGCHLD handler raise again
+        # when a healthy worker exits below, aborting the shutdown before the
+        # queues are closed. Stop listening first; joins still have timeouts.
+        if not self._shutdown:
+            _ti.unregister_worker_pids(self)
         try:
             super()._shutdown_workers()
         finally:
             _LIVE_INDEX_QUEUES.pop(id(self), None)
 
+    def _effective_parallelism(self, loader, method: str) -> int:
+        # fork stays serial: forking while start threads run is unsafe.
+        return 1 if method == "fork" else min(loader.worker_start_parallelism, self._num_workers)
+
     def _launch(self, ctx, parallelism: int) -> None:
         launches: list = []
         procs: list = []
+        finished: list = []
         try:
             self._build(ctx, launches)
             procs.extend(w for _, w in launches)
-            _start_all(procs, parallelism)
+            self._start(procs, parallelism, finished)
         except BaseException as exc:
-            _stop_launches(launches, self._workers_done_event)
-            # Frames and closures in the traceback still see these lists: empty them.
-            launches.clear()
-            procs.clear()
-            _scrub(exc)
+            self._cleanup_failed_start(launches)
+            self._forget(exc, launches, procs)
             raise
+        self._register(launches, finished)
+
+    # Seams (one method per decision; the broken loaders in fixtures/ override one each).
+    def _start(self, procs: list, parallelism: int, finished: list) -> None:
+        _start_all(procs, parallelism, finished)
+
+    def _cleanup_failed_start(self, launches: list) -> None:
+        _stop_launches(launches, self._workers_done_event)
+
+    def _forget(self, exc: BaseException, *lists: list) -> None:
+        """Drop what a held ``exc`` would keep alive: frames and closures in its
+        traceback still see these lists, so empty them, then clear frame locals."""
+        for lst in lists:
+            lst.clear()
+        _scrub(exc)
+
+    def _register(self, launches: list, finished: list) -> None:
+        """Worker-id order, whatever order the starts finished in."""
         self._index_queues = [q for q, _ in launches]
         self._workers = [w for _, w in launches]
+
+    def _worker_target(self):
+        return _worker_main
 
     def _build(self, ctx, launches: list) -> None:
         """Append a (index queue, Process) pair per worker, in worker-id order."""
@@ -278,7 +330,7 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         for i in range(self._num_workers):
             q = ctx.Queue()
             q.cancel_join_thread()  # the driver never waits on what it sent
-            w = ctx.Process(target=_worker_main, args=(token, _ti.worker_loop_kwargs(self, i, q)), daemon=True)
+            w = ctx.Process(target=self._worker_target(), args=(token, _ti.worker_loop_kwargs(self, i, q)), daemon=True)
             launches.append((q, w))
 
     def _abandon(self) -> None:
@@ -290,16 +342,17 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         self._worker_result_queue = self._workers_done_event = None
         self._workers, self._index_queues = [], []
 
-    def _get_data(self):
+    def __next__(self):
+        # torch reports a dead or silent worker as a RuntimeError, from _get_data
+        # or from its SIGCHLD handler at any point of __next__: turn it into a
+        # clear error naming the worker, after shutting every worker down.
         try:
-            return super()._get_data()
+            return super().__next__()
         except RuntimeError as exc:
-            text = str(exc)
-            if not (text.startswith("DataLoader worker") or text.startswith("DataLoader timed out")):
+            if not _is_worker_failure(exc):
                 raise
-            message = self._describe_failure(text)
-        # Outside the except block: the RuntimeError is not our __context__.
-        self._fail()
+            message = self._describe_failure(str(exc))
+        self._fail()  # outside the except block: the RuntimeError is not kept as __context__
         raise WorkerFailedError(message)
 
     def _describe_failure(self, text: str) -> str:
@@ -308,7 +361,7 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
             code = w.exitcode
             if code is not None:
                 names.append(f"worker {worker_id} (pid {w.pid}) exited with code {code}")
-        if not names and self._tasks_outstanding:
+        if not names and getattr(self, "_tasks_outstanding", 0):
             owed = self._task_info.get(self._rcvd_idx)
             if owed:
                 w = self._workers[owed[0]]
@@ -317,6 +370,10 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
 
     def _fail(self) -> None:
         """Shut every worker down and drop queue references (the iterator is dead)."""
+        # Unregister first: otherwise the next SIGCHLD (a healthy worker exiting
+        # during shutdown) re-raises the failure from inside _shutdown_workers,
+        # aborting it before the queues are closed.
+        _ti.unregister_worker_pids(self)
         self._shutdown_workers()
         for q in (self._worker_result_queue,):
             if q is not None:
@@ -328,4 +385,8 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         self._worker_result_queue = self._data_queue = None
         self._workers, self._index_queues = [], []
         self._workers_status = []
-        self._task_info.clear()  # batches received out of order hold shm fds
+        if hasattr(self, "_task_info"):
+            self._task_info.clear()  # batches received out of order hold shm fds
+
+
+ParallelStartDataLoader._iterator_class = _ParallelStartIter

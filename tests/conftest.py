@@ -1,0 +1,36 @@
+import json
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+
+class Verdict:
+    """The JSON verdict of a pytest --workerstart run, indexed by check id."""
+
+    def __init__(self, path, result):
+        self.result = result
+        self.data = json.loads(path.read_text()) if path.exists() else None
+        assert self.data is not None, f"no verdict written; output:\n{result.stdout.str()[-3000:]}"
+
+    def outcomes(self, check_id):
+        return [c["outcome"] for c in self.data["checks"] if c["id"] == check_id]
+
+    def failed_ids(self):
+        return {c["id"] for c in self.data["checks"] if c["outcome"] in ("failed", "error")}
+
+    def reasons(self, check_id):
+        return [c["reason"] for c in self.data["checks"] if c["id"] == check_id]
+
+
+@pytest.fixture
+def run_suite(pytester):
+    """Run ``pytest --workerstart`` in a subprocess and return its Verdict."""
+
+    def run(*args, timeout=900):
+        out = pytester.path / "verdict.json"
+        result = pytester.runpytest_subprocess("--workerstart", f"--workerstart-json={out}", "-p", "no:cacheprovider",
+                                               *args, timeout=timeout)
+        return Verdict(out, result)
+
+    return run

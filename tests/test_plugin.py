@@ -1,0 +1,226 @@
+"""The plugin's interface: inertness, option precedence, bad input, verdict."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from pytest_workerstart.protocol import CAPABILITIES
+
+FAST = ("--workerstart-context=forkserver", "-p", "no:cacheprovider")
+
+
+def test_inert_without_the_flag(pytester):
+    pytester.makepyfile(
+        """
+        import sys
+
+        def test_plain(request):
+            assert request.config.pluginmanager.has_plugin("workerstart")
+            assert "torch" not in sys.modules
+            assert not any(m.startswith("pytest_workerstart.") and m != "pytest_workerstart.plugin"
+                           for m in sys.modules)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert "workerstart" not in result.stdout.str()
+
+
+def _usage_error(pytester, *args, env=None):
+    if env:
+        for k, v in env.items():
+            pytester._monkeypatch.setenv(k, v)
+    result = pytester.runpytest_subprocess("--workerstart", *args)
+    err = result.stderr.str()
+    assert result.ret == 4, f"exit {result.ret}\n{result.stdout.str()[-1500:]}\n{err[-1500:]}"
+    lines = [ln for ln in err.splitlines() if ln.startswith("ERROR:")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and "Traceback" not in result.stdout.str()
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workerstart-loader=nosuch"], "unknown built-in loader 'nosuch'"),
+    (["--workerstart-loader=no_such_module_xyz:Loader"], "no module named 'no_such_module_xyz'"),
+    (["--workerstart-loader=os:no_such_attr"], "has no attribute 'no_such_attr'"),
+    (["--workerstart-loader=os:sep"], "is a str, not a callable"),
+    (["--workerstart-loader=a b:c"], "malformed loader SPEC"),
+    (["--workerstart-loader=mod:"], "malformed loader SPEC"),
+    (["--workerstart-loader=torch", "--workerstart-parallelism-kwarg=bogus"],
+     "does not accept the parallelism keyword 'bogus'"),
+    (["--workerstart-context=spawn,threads"], "unknown context 'threads'"),
+    (["--workerstart-json=/no/such/dir/v.json"], "does not exist"),
+    (["--workerstart-capability=teleport=true"], "unknown capability 'teleport'"),
+])
+def test_bad_input_is_a_usage_error(pytester, args, message):
+    line = _usage_error(pytester, *args)
+    assert message in line, line
+
+
+def test_unwritable_json_path(pytester):
+    d = pytester.mkdir("ro")
+    os.chmod(d, 0o500)
+    try:
+        if os.access(d, os.W_OK):
+            pytest.skip("running as a user who can write anywhere (root)")
+        assert "not writable" in _usage_error(pytester, f"--workerstart-json={d}/v.json")
+    finally:
+        os.chmod(d, 0o700)
+
+
+def test_json_path_that_is_a_directory(pytester):
+    d = pytester.mkdir("adir")
+    assert "is a directory" in _usage_error(pytester, f"--workerstart-json={d}")
+
+
+def _header_loader(pytester, *args):
+    result = pytester.runpytest_subprocess("--workerstart", "--collect-only", "-q", *FAST, *args)
+    m = re.search(r"workerstart: loader (\S+) =", result.stdout.str())
+    assert m, result.stdout.str()[-2000:]
+    return m.group(1)
+
+
+def test_loader_precedence(pytester, monkeypatch):
+    monkeypatch.delenv("WORKERSTART_LOADER", raising=False)
+    assert _header_loader(pytester) == "reference"
+    pytester.makeini("[pytest]\nworkerstart_loader = torch\n")
+    assert _header_loader(pytester) == "torch"
+    monkeypatch.setenv("WORKERSTART_LOADER", "torchdata")
+    assert _header_loader(pytester) == "torchdata"
+    assert _header_loader(pytester, "--workerstart-loader=reference") == "reference"
+
+
+def test_collects_suite_alongside_given_paths(pytester):
+    pytester.makepyfile(test_mine="def test_mine(): pass")
+    result = pytester.runpytest_subprocess("--workerstart", "--collect-only", "-q", *FAST, "test_mine.py")
+    out = result.stdout.str()
+    assert "test_mine.py::test_mine" in out
+    assert "start.default_serial-forkserver" in out
+    alone = pytester.runpytest_subprocess("--workerstart", "--collect-only", "-q", *FAST).stdout.str()
+    assert "test_mine" not in alone and "start.default_serial-forkserver" in alone
+
+
+def test_verdict_json_schema_and_summary(run_suite):
+    v = run_suite(*FAST, "-k", "start.default_serial or start.parameter_validation or start.respects_bound",
+                  "--workerstart-loader=torch")
+    data = v.data
+    assert set(data) >= {"loader", "machine", "checks", "summary"}
+    assert data["loader"]["spec"] == "torch" and data["loader"]["qualified_name"].endswith("DataLoader")
+    assert data["loader"]["version"].startswith("2.")
+    assert set(data["machine"]) >= {"python", "torch", "cpu_count", "platform"}
+    for c in data["checks"]:
+        assert set(c) >= {"id", "context", "outcome", "reason", "duration_s"}
+        assert re.fullmatch(r"[a-z_]+\.[a-z_]+", c["id"])
+        assert c["outcome"] in ("passed", "failed", "skipped", "xfailed", "error")
+        assert c["context"] == "forkserver"
+    assert v.outcomes("start.default_serial") == ["passed"]
+    # stock torch has no parallelism keyword: skipped, with the capability named
+    assert set(v.outcomes("start.respects_bound")) == {"skipped"}
+    assert all("parallel_start" in r for r in v.reasons("start.respects_bound"))
+    counts = {o: sum(c["outcome"] == o for c in data["checks"]) for o in data["summary"]}
+    assert counts == data["summary"]
+    out = v.result.stdout.str()
+    line = next(ln for ln in out.splitlines() if ln.startswith("workerstart: ") and " passed, " in ln)
+    assert line == "workerstart: " + ", ".join(f"{data['summary'][o]} {o}" for o in
+                                               ("passed", "failed", "skipped", "xfailed", "error"))
+    assert "skipped 9x: loader does not declare capability 'parallel_start' for context 'forkserver'" in out \
+        or "loader does not declare capability 'parallel_start'" in out
+
+
+def test_third_party_class_with_zero_code(run_suite):
+    v = run_suite(*FAST, "-k", "start.default_serial or digest.first_batch",
+                  "--workerstart-loader=torchdata.stateful_dataloader:StatefulDataLoader")
+    assert v.data["loader"]["qualified_name"].endswith("StatefulDataLoader")
+    assert v.outcomes("start.default_serial") == ["passed"]
+    assert set(v.outcomes("digest.first_batch")) == {"passed"}
+
+
+def test_user_module_class(pytester, run_suite):
+    pytester.makepyfile(myloader="""
+        from torch.utils.data import DataLoader
+
+        class MyLoader(DataLoader):
+            pass
+    """)
+    v = run_suite(*FAST, "-k", "start.default_serial", "--workerstart-loader=myloader:MyLoader")
+    assert v.outcomes("start.default_serial") == ["passed"]
+
+
+def test_factory_that_raises_fails_the_check_not_the_session(pytester, run_suite):
+    pytester.makepyfile(badfactory="""
+        def make(dataset, **kwargs):
+            raise ValueError("factory exploded")
+    """)
+    v = run_suite(*FAST, "-k", "start.default_serial or transfer.shared_memory", "--workerstart-loader=badfactory:make")
+    assert v.result.ret == 1
+    assert v.outcomes("start.default_serial") == ["failed"]
+    assert any("factory exploded" in r for r in v.reasons("start.default_serial"))
+    assert v.outcomes("transfer.shared_memory") == ["failed"]
+
+
+def test_expected_failures_file(pytester, run_suite):
+    xf = pytester.path / "xfail.txt"
+    xf.write_text("# stock torch: no parallel start here\n"
+                  "start.default_serial[forkserver]: pretend it is known to fail\n"
+                  "order.nonexistent: matches nothing\n")
+    pytester.makepyfile(serialloader="""
+        from torch.utils.data import DataLoader
+        def make(dataset, **kwargs):
+            raise RuntimeError("broken on purpose")
+    """)
+    v = run_suite(*FAST, "-k", "start.default_serial", "--workerstart-loader=serialloader:make",
+                  f"--workerstart-xfail={xf}")
+    assert v.outcomes("start.default_serial") == ["xfailed"]
+    assert "order.nonexistent" in v.result.stdout.str() and "matches no collected check" in v.result.stdout.str()
+    xf.write_text("start.default_serial:\n")
+    assert "needs a reason" in _usage_error(pytester, f"--workerstart-xfail={xf}")
+
+
+def test_capability_declared_on_the_command_line(run_suite):
+    v = run_suite(*FAST, "-k", "persistent.reuse", "--workerstart-loader=torch",
+                  "--workerstart-capability=persistent_workers=false")
+    assert v.outcomes("persistent.reuse") == ["skipped"]
+    assert "persistent_workers" in v.reasons("persistent.reuse")[0]
+
+
+def test_capability_names_are_documented():
+    docs = open(os.path.join(os.path.dirname(__file__), "..", "docs", "contract.md")).read()
+    for name in CAPABILITIES:
+        assert f"`{name}`" in docs, f"capability {name} is not documented"
+
+
+def test_sigint_leaves_no_process(tmp_path):
+    """A real Ctrl-C while a scenario runs: pytest exits and leaves nothing behind."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "--workerstart", "-p", "no:cacheprovider",
+                             "--workerstart-context=forkserver", "-k", "driver_killed", "-s"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    me = psutil.Process(proc.pid)
+    seen = {}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            for p in me.children(recursive=True):
+                seen[(p.pid, p.create_time())] = p
+        except psutil.Error:
+            break
+        if any("scenario" in " ".join(p.cmdline()) for p in seen.values() if p.is_running()):
+            if sum(1 for p in seen.values() if p.is_running()) >= 4:
+                break
+        time.sleep(0.2)
+    assert seen, "pytest started no process"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    gone, alive = psutil.wait_procs(list(seen.values()), timeout=20)
+    survivors = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    for p in survivors:
+        p.kill()
+    assert not survivors, f"left behind after SIGINT: {[(p.pid, p.cmdline()) for p in survivors]}\n{out[-2000:]}"
+    assert proc.returncode in (2, 130, -2), out[-2000:]

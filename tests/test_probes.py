@@ -1,0 +1,221 @@
+"""Each probe sees what it claims, on tiny stdlib programs with known answers."""
+
+import multiprocessing
+import os
+import threading
+import time
+
+import pytest
+
+from pytest_workerstart.probes import digest as dg
+from pytest_workerstart.probes.context import InstrumentedContext
+from pytest_workerstart.probes.faults import FaultPlan, InjectedStartError
+from pytest_workerstart.probes.leaks import LeakSnapshot
+from pytest_workerstart.probes.scenario import run_scenario
+
+from . import _mpprograms as progs
+
+
+# --- leak snapshot -------------------------------------------------------------
+
+
+def test_leak_snapshot_sees_exactly_one_of_each():
+    ctx = multiprocessing.get_context("spawn")
+    sem = ctx.Semaphore()  # warm the resource tracker before the baseline
+    del sem
+    before = LeakSnapshot.take()
+    proc = ctx.Process(target=progs.sleeper, daemon=True)
+    proc.start()
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="probe-leaked-thread", daemon=True)
+    thread.start()
+    fd = os.open(os.devnull, os.O_RDONLY)
+    sem = ctx.Semaphore()
+    try:
+        report = LeakSnapshot.wait_clean(before, timeout=0.5)
+        counts = report.counts()
+        assert counts["processes"] == 1 and report.processes[0].pid == proc.pid
+        assert counts["threads"] == 1 and "probe-leaked-thread" in report.threads[0]
+        assert counts["semaphores"] == 1 and report.shm[0].startswith("sem.mp-")
+        files = [t for t in report.fds.values() if t == os.devnull]
+        assert len(files) == 1 and counts["fds"] == 2  # /dev/null + the process's sentinel pipe
+        assert counts["dangling"] == 1
+        text = report.format()
+        assert f"pid {proc.pid}" in text and "probe-leaked-thread" in text and "/dev/null" in text
+    finally:
+        proc.terminate()
+        proc.join()
+        proc.close()
+        stop.set()
+        thread.join()
+        os.close(fd)
+        del sem
+    assert not LeakSnapshot.wait_clean(before, timeout=5), "cleanup should leave nothing"
+
+
+def test_leak_snapshot_clean_program_reports_nothing():
+    ctx = multiprocessing.get_context("fork")
+    before = LeakSnapshot.take()
+    p = ctx.Process(target=progs.quick)
+    p.start()
+    p.join()
+    p.close()
+    report = LeakSnapshot.wait_clean(before, timeout=5)
+    assert not report, report.format()
+
+
+def test_leak_snapshot_is_patient():
+    """Teardown that finishes within the patience window is not a leak."""
+    ctx = multiprocessing.get_context("fork")
+    before = LeakSnapshot.take()
+    p = ctx.Process(target=progs.sleeper, args=(0.8,))
+    p.start()
+    threading.Thread(target=lambda: (p.join(), p.close())).start()
+    assert not LeakSnapshot.wait_clean(before, timeout=5)
+
+
+# --- instrumented context --------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", [1, 2, 4])
+def test_peak_concurrency_is_observed(p):
+    ctx = InstrumentedContext("fork", num_workers=4, hold_for_overlap=1.0)
+    progs.start_with_threads(ctx, 4, p)
+    assert ctx.peak_concurrent_starts() == p
+    assert ctx.built_all_before_first_start()
+    assert sorted(ctx.start_order()) == [0, 1, 2, 3]
+    ctx.close()
+
+
+def test_context_is_a_real_context():
+    from multiprocessing.context import BaseContext
+
+    for method in ("spawn", "forkserver", "fork"):
+        ctx = InstrumentedContext(method)
+        assert isinstance(ctx, BaseContext)
+        assert ctx.get_start_method() == method
+        ctx.close()
+
+
+def test_child_boot_and_ready_are_recorded():
+    ctx = InstrumentedContext("spawn", num_workers=2)
+    progs.start_with_threads(ctx, 2, 2)
+    recs = ctx.records(0)
+    assert all(r.boot and r.ready and r.pid and r.exitcode == 0 for r in recs)
+    assert all(r.start_begin <= r.start_end for r in recs)
+    ctx.close()
+
+
+@pytest.mark.parametrize("position, worker", [("first", 0), ("middle", 1), ("last", 2)])
+def test_start_error_fires_at_worker_k_only(position, worker):
+    from pytest_workerstart.probes.faults import position_to_worker
+
+    k = position_to_worker(position, 3)
+    assert k == worker
+    ctx = InstrumentedContext("fork", num_workers=3, faults=FaultPlan.start_error(k))
+    procs = [ctx.Process(target=progs.quick) for _ in range(3)]
+    failed = []
+    for i, pr in enumerate(procs):
+        try:
+            pr.start()
+        except InjectedStartError:
+            failed.append(i)
+    for pr in procs:
+        if pr.pid is not None:
+            pr.join()
+    assert failed == [k]
+    ctx.close()
+
+
+@pytest.mark.parametrize("kind, code", [("child_exit", 3), ("child_kill", -9)])
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_child_faults_fire_at_worker_k_only(kind, code, method):
+    ctx = InstrumentedContext(method, num_workers=3, faults=getattr(FaultPlan, kind)(1))
+    procs = progs.start_with_threads(ctx, 3, 3)
+    assert [p.exitcode for p in procs] == [0, code, 0]
+    ctx.close()
+
+
+def test_child_hang_fires_at_worker_k_only():
+    ctx = InstrumentedContext("fork", num_workers=2, faults=FaultPlan.child_hang(0))
+    procs = [ctx.Process(target=progs.quick, daemon=True) for _ in range(2)]
+    for p in procs:
+        p.start()
+    procs[1].join(10)
+    procs[0].join(1)
+    assert procs[1].exitcode == 0 and procs[0].exitcode is None
+    procs[0].kill()
+    procs[0].join()
+    ctx.close()
+
+
+def test_start_delay_reverses_finish_order():
+    ctx = InstrumentedContext("fork", num_workers=3, faults=FaultPlan.reverse_finish(3, step=0.3))
+    progs.start_with_threads(ctx, 3, 3)
+    assert ctx.start_order() == [2, 1, 0]
+    ctx.close()
+
+
+def test_worker_init_fault_targets_one_worker(tmp_path):
+    fn = FaultPlan.worker_init_fn(2, once_path=str(tmp_path / "once"))
+    fn(0)
+    fn(1)
+    with pytest.raises(RuntimeError, match="worker 2"):
+        fn(2)
+    fn(2)  # once
+
+
+# --- digest ------------------------------------------------------------------------
+
+
+def test_digest_is_canonical_and_sensitive():
+    import collections
+
+    import numpy as np
+    import torch
+
+    P = collections.namedtuple("P", "a b")
+    batch = {"x": torch.arange(6, dtype=torch.float32).reshape(2, 3), "y": (1, "s", None, 2.5),
+             "n": np.arange(3, dtype=np.int16), "p": P(1, [True, b"z"])}
+    same = {"p": P(1, [True, b"z"]), "n": np.arange(3, dtype=np.int16), "y": (1, "s", None, 2.5),
+            "x": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
+    assert dg.batch_digest(batch) == dg.batch_digest(same)
+    changed = [
+        {**batch, "x": batch["x"].to(torch.float64)},
+        {**batch, "x": batch["x"].reshape(3, 2)},
+        {**batch, "x": batch["x"] + 1},
+        {**batch, "y": [1, "s", None, 2.5]},
+        {**batch, "n": np.arange(3, dtype=np.int32)},
+        {**batch, "y": (True, "s", None, 2.5)},
+    ]
+    assert len({dg.batch_digest(b) for b in changed} | {dg.batch_digest(batch)}) == len(changed) + 1
+    assert dg.batch_digest(batch["x"].t()) == dg.batch_digest(batch["x"].t().contiguous())
+    with pytest.raises(TypeError, match="cannot digest"):
+        dg.batch_digest(object())
+
+
+def test_digest_is_stable_across_processes():
+    res = run_scenario("tests._mpprograms_digest:digest_of_fixed_batch", timeout=60)
+    import tests._mpprograms_digest as m
+
+    assert res.status == "ok", res.details()
+    assert res.value == m.digest_of_fixed_batch()
+
+
+# --- scenario runner ------------------------------------------------------------------
+
+
+def test_scenario_ok_error_crash():
+    assert run_scenario("tests._mpprograms:returns_42", timeout=30).value == 42
+    err = run_scenario("tests._mpprograms:raises", timeout=30)
+    assert err.status == "error" and "scenario failed on purpose" in err.error
+    crash = run_scenario("tests._mpprograms:exits_hard", timeout=30)
+    assert crash.status == "crash" and crash.returncode == 7
+
+
+def test_hanging_scenario_is_killed_and_reported_with_stacks():
+    t0 = time.monotonic()
+    res = run_scenario("tests._mpprograms:hang_forever", timeout=3)
+    assert time.monotonic() - t0 < 15
+    assert res.status == "hang"
+    assert "hang_forever" in res.stacks and "Thread" in res.stacks

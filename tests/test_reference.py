@@ -1,0 +1,141 @@
+"""The reference loader: validation, parity with torch DataLoader, failure cleanup."""
+
+import gc
+import multiprocessing
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from pytest_workerstart import _torch_internals
+from pytest_workerstart.fixtures.datasets import AugmentedDataset, NestedMapDataset, ShardedRange, WorkerTagDataset
+from pytest_workerstart.harness import warm_forkserver
+from pytest_workerstart.probes.context import InstrumentedContext
+from pytest_workerstart.probes.digest import batch_digest
+from pytest_workerstart.probes.faults import FaultPlan
+from pytest_workerstart.probes.leaks import LeakSnapshot
+from pytest_workerstart.reference import ParallelStartDataLoader, WorkerStartError
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forkserver():
+    warm_forkserver()
+
+
+def test_torch_internals_supported():
+    _torch_internals.check_supported()  # fails loudly on an unsupported torch
+
+
+def test_torch_internals_reject_other_versions():
+    with pytest.raises(_torch_internals.UnsupportedTorchError, match="supports torch"):
+        _torch_internals.check_supported("2.99.0")
+    with pytest.raises(_torch_internals.UnsupportedTorchError):
+        _torch_internals.check_supported("2.3.1")
+
+
+@pytest.mark.parametrize("bad, exc", [(0, ValueError), (-2, ValueError), (True, TypeError), (1.5, TypeError),
+                                      ("2", TypeError), (None, TypeError)])
+def test_parallelism_validation(bad, exc):
+    with pytest.raises(exc, match="worker_start_parallelism"):
+        ParallelStartDataLoader(WorkerTagDataset(4), num_workers=2, worker_start_parallelism=bad)
+
+
+def test_signature_is_torch_plus_one():
+    import inspect
+
+    torch_params = list(inspect.signature(DataLoader.__init__).parameters)
+    ours = list(inspect.signature(ParallelStartDataLoader.__init__).parameters)
+    assert ours == torch_params + ["worker_start_parallelism"]
+
+
+def _all(loader):
+    return [batch_digest(b) for b in loader]
+
+
+def _pair(ds, ctx="forkserver", **kw):
+    theirs = _all(DataLoader(ds, multiprocessing_context=ctx, generator=torch.Generator().manual_seed(5), **kw))
+    ours = _all(ParallelStartDataLoader(ds, multiprocessing_context=ctx, generator=torch.Generator().manual_seed(5),
+                                        worker_start_parallelism=kw.get("num_workers", 1), **kw))
+    return theirs, ours
+
+
+@pytest.mark.parametrize("kw", [
+    dict(num_workers=3, batch_size=4, shuffle=True),
+    dict(num_workers=2, batch_size=3, in_order=False),
+    dict(num_workers=2, batch_size=4, pin_memory=True),
+    dict(num_workers=3, batch_size=2, prefetch_factor=1),
+], ids=["shuffle", "out_of_order", "pin_memory", "prefetch1"])
+def test_parity_map(kw):
+    theirs, ours = _pair(NestedMapDataset(24), **kw)
+    if kw.get("in_order") is False:
+        theirs, ours = sorted(theirs), sorted(ours)
+    assert ours == theirs
+
+
+def test_parity_iterable():
+    theirs, ours = _pair(ShardedRange(30), num_workers=3, batch_size=4)
+    assert ours == theirs
+
+
+def test_parity_augmentation_and_seeds():
+    theirs, ours = _pair(AugmentedDataset(16), num_workers=4, batch_size=2, shuffle=True)
+    assert ours == theirs
+
+
+def test_parity_persistent_second_epoch():
+    ds = AugmentedDataset(12)
+    a = DataLoader(ds, num_workers=2, batch_size=3, persistent_workers=True, multiprocessing_context="forkserver",
+                   generator=torch.Generator().manual_seed(1))
+    b = ParallelStartDataLoader(ds, num_workers=2, batch_size=3, persistent_workers=True,
+                                multiprocessing_context="forkserver", generator=torch.Generator().manual_seed(1),
+                                worker_start_parallelism=2)
+    assert [_all(a) for _ in range(2)] == [_all(b) for _ in range(2)]
+
+
+def test_failed_start_cleans_up_and_names_worker():
+    before = LeakSnapshot.take()
+    ctx = InstrumentedContext("forkserver", num_workers=4, faults=FaultPlan.start_error(2))
+    loader = ParallelStartDataLoader(WorkerTagDataset(8), num_workers=4, multiprocessing_context=ctx,
+                                     worker_start_parallelism=4)
+    with pytest.raises(WorkerStartError, match="worker 2 ") as excinfo:
+        iter(loader)
+    assert isinstance(excinfo.value.__cause__, OSError)
+    # strict: nothing, not even an fd or semaphore, while the exception is held
+    held = LeakSnapshot.wait_clean(before, timeout=10)
+    assert not held, held.format()
+    del excinfo
+    ctx.begin_generation()
+    assert len(list(loader)) == 8
+
+
+def test_fork_stays_serial():
+    ctx = InstrumentedContext("fork", num_workers=3, hold_for_overlap=0.3)
+    list(ParallelStartDataLoader(WorkerTagDataset(6), num_workers=3, multiprocessing_context=ctx,
+                                 worker_start_parallelism=3))
+    assert ctx.peak_concurrent_starts() == 1
+
+
+def test_parallelism_is_capped_at_num_workers():
+    ctx = InstrumentedContext("forkserver", num_workers=2, hold_for_overlap=1.0)
+    list(ParallelStartDataLoader(WorkerTagDataset(4), num_workers=2, multiprocessing_context=ctx,
+                                 worker_start_parallelism=8))
+    assert ctx.peak_concurrent_starts() == 2
+
+
+def test_worker_error_releases_workers_promptly():
+    """A held worker exception: collecting the iterator does not wait 5 s per worker."""
+    import time
+
+    loader = ParallelStartDataLoader(WorkerTagDataset(12), num_workers=3, batch_size=2,
+                                     multiprocessing_context="forkserver", worker_start_parallelism=3,
+                                     worker_init_fn=FaultPlan.worker_init_fn(1))
+    box = []
+    try:
+        list(loader)
+    except Exception as exc:  # noqa: BLE001
+        box.append(exc)
+    assert box
+    t0 = time.monotonic()
+    box.clear()
+    gc.collect()
+    assert time.monotonic() - t0 < 3.0
