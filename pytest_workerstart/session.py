@@ -156,6 +156,7 @@ class WorkerstartSession:
             check_id = marker.args[0]
             ctx = item.callspec.params.get("ws_context") if hasattr(item, "callspec") else None
             item.user_properties.append(("workerstart_check", check_id))
+            item.user_properties.append(("workerstart_context", ctx))
             if item.get_closest_marker("timeout") is None:
                 # pytest-timeout's signal method fails just this check on a hang.
                 item.add_marker(pytest.mark.timeout(CHECK_TIMEOUT_S))
@@ -214,8 +215,7 @@ class WorkerstartSession:
             "id": check_id, "context": None, "outcome": "passed", "reason": "", "duration_s": 0.0,
             "nodeid": report.nodeid,
         })
-        m = re.search(r"\[[^\]]*?-(spawn|forkserver|fork)(?:-|\])", report.nodeid)
-        entry["context"] = m.group(1) if m else None
+        entry["context"] = props.get("workerstart_context")
         entry["duration_s"] = round(entry["duration_s"] + report.duration, 3)
         if hasattr(report, "wasxfail"):
             if report.skipped:

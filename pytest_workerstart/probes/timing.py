@@ -1,0 +1,145 @@
+"""Startup timing in fresh processes, with alternated trials and robust statistics.
+
+One trial = one fresh interpreter (``run_scenario``) that builds the loader and
+measures constructor time, iterator creation, time to first batch, steady-state
+samples/s over batches 2..n, and the process tree's PSS increase. PSS is
+sampled outside the timed region (once after the first batch, once after the
+last), so it never slows the throughput measurement. Configurations alternate
+pair by pair (A B, B A, A B, ...) so drift hits both sides equally.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+from pytest_workerstart.probes.scenario import run_scenario
+
+
+def tree_pss() -> int:
+    """PSS of this process and all its descendants, in bytes (Linux)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            total += p.memory_full_info().pss
+        except (psutil.Error, AttributeError):
+            continue
+    return total
+
+
+def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict, context: str,
+          parallelism: int | None, max_batches: int, preload: Sequence[str] = ()) -> dict[str, Any]:
+    """One measurement; runs inside the fresh interpreter."""
+    import importlib
+    import multiprocessing
+
+    from pytest_workerstart import protocol
+    from pytest_workerstart.probes.digest import batch_digest
+
+    lut = protocol.resolve(loader["spec"], loader.get("kwarg"), loader.get("caps"))
+    if context == "forkserver" and preload:
+        from multiprocessing import forkserver
+
+        multiprocessing.get_context("forkserver").set_forkserver_preload(list(preload))
+        forkserver.ensure_running()  # the server's boot is not part of the loader's start
+    mod, _, attr = dataset.partition(":")
+    ds = getattr(importlib.import_module(mod), attr)(**dataset_kwargs)
+    gc.collect()
+    pss0 = tree_pss()
+    t0 = time.perf_counter()
+    dl = lut.make(ds, multiprocessing_context=context, parallelism=parallelism, **loader_kwargs)
+    t1 = time.perf_counter()
+    it = iter(dl)
+    t2 = time.perf_counter()
+    first = next(it)
+    t3 = time.perf_counter()
+    digest = batch_digest(first)
+    size = _batch_len(first)
+    del first
+    pss1 = tree_pss()
+    n = 0
+    samples = 0
+    t4 = time.perf_counter()
+    for batch in it:
+        n += 1
+        samples += _batch_len(batch)
+        if n + 1 >= max_batches:
+            break
+    t5 = time.perf_counter()
+    pss2 = tree_pss()
+    del it, dl
+    return {
+        "constructor_s": t1 - t0, "iterator_creation_s": t2 - t1, "time_to_first_batch_s": t3 - t1,
+        "steady_batches": n, "steady_samples_per_s": samples / (t5 - t4) if t5 > t4 and samples else None,
+        "pss_increase_mb": (max(pss1, pss2) - pss0) / 2**20, "first_batch_digest": digest, "batch_size": size,
+    }
+
+
+def _batch_len(batch) -> int:
+    if hasattr(batch, "shape"):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_len(batch[0])
+    if isinstance(batch, dict) and batch:
+        return _batch_len(next(iter(batch.values())))
+    return 1
+
+
+def alternated(configs: Sequence[str], trials: int) -> list[str]:
+    """AB, BA, AB, ... for two configurations; rotations for more."""
+    order: list[str] = []
+    for t in range(trials):
+        seq = list(configs) if t % 2 == 0 else list(reversed(configs))
+        order += seq
+    return order
+
+
+def summarize(values: Sequence[float]) -> dict[str, float]:
+    vals = sorted(v for v in values if v is not None)
+    if not vals:
+        return {"median": float("nan"), "p10": float("nan"), "p90": float("nan"), "n": 0}
+    q = statistics.quantiles(vals, n=10, method="inclusive") if len(vals) > 1 else [vals[0]] * 9
+    return {"median": statistics.median(vals), "p10": q[0], "p90": q[-1], "n": len(vals)}
+
+
+def run_trials(configs: dict[str, dict], trials: int, timeout: float = 600.0,
+               progress: Callable[[str], None] | None = None) -> dict[str, list[dict]]:
+    """Run ``trial`` for every configuration, alternated, each in a fresh process."""
+    results: dict[str, list[dict]] = {name: [] for name in configs}
+    order = alternated(list(configs), trials)
+    for i, name in enumerate(order, 1):
+        res = run_scenario(f"{__name__}:trial", configs[name], timeout=timeout)
+        if res.status != "ok":
+            raise RuntimeError(f"trial {i} ({name}) failed: {res.details()}")
+        results[name].append(res.value)
+        if progress:
+            progress(f"trial {i}/{len(order)} {name}: first batch {res.value['time_to_first_batch_s']:.2f} s")
+    return results
+
+
+def assert_startup_speedup(loader: dict, dataset: str, *, num_workers: int, parallelism: int, threshold: float,
+                           context: str = "spawn", trials: int = 3, dataset_kwargs: dict | None = None,
+                           loader_kwargs: dict | None = None) -> dict[str, Any]:
+    """Assert median TTFB(p=1) / median TTFB(p=parallelism) >= ``threshold``.
+
+    ``loader``: ``{"spec": "module:attr"}`` (plus optional ``kwarg`` and ``caps``).
+    Trials alternate p=1 and p=N in fresh processes; the ratio of medians is
+    compared, and the median of per-pair ratios is reported alongside.
+    """
+    base = {"loader": loader, "dataset": dataset, "dataset_kwargs": dataset_kwargs or {},
+            "loader_kwargs": {"num_workers": num_workers, **(loader_kwargs or {})}, "context": context,
+            "max_batches": 2}
+    res = run_trials({"p1": {**base, "parallelism": 1}, "pN": {**base, "parallelism": parallelism}}, trials)
+    a = [r["time_to_first_batch_s"] for r in res["p1"]]
+    b = [r["time_to_first_batch_s"] for r in res["pN"]]
+    ratio = statistics.median(a) / statistics.median(b)
+    paired = statistics.median(x / y for x, y in zip(a, b))
+    out = {"p1": summarize(a), "pN": summarize(b), "ratio_of_medians": ratio, "median_pair_ratio": paired}
+    assert ratio >= threshold, (f"startup speedup {ratio:.2f}x (paired median {paired:.2f}x) is below "
+                                f"{threshold:.2f}x: p=1 {out['p1']}, p={parallelism} {out['pN']}")
+    return out
