@@ -31,7 +31,7 @@ conformance-quick: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider --workerstart --workerstart-profile=quick
 
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) build dist site *.egg-info .tox

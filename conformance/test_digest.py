@@ -24,7 +24,7 @@ def test_first_batch(ws, kind):
     kw = {"batch_size": 4}
     if kind == "map_nested":
         ds, kw["shuffle"] = NestedMapDataset(32), True
-        truth = batch_digest(in_process_truth(ds, shuffle=True, batch_size=4,
+        truth = batch_digest(in_process_truth(ds, ws.loader.factory, shuffle=True, batch_size=4,
                                               generator=torch.Generator().manual_seed(7)))
     elif kind == "iterable":
         if not ws.loader.has("iterable_dataset"):

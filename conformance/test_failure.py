@@ -108,21 +108,21 @@ def _scenario(ws, name, **kw):
 def test_child_exit_during_start(ws):
     # No loader timeout: a dead worker must be noticed, not timed out.
     out = _scenario(ws, "child_fault", fault="child_exit", worker=1, num_workers=N,
-                    parallelism=N if ws.max_parallel else None, loader_timeout=0, hard_timeout=60)
+                    parallelism=N if ws.max_parallel else None, loader_timeout=0, hard_timeout=40)
     scenarios.judge_child_fault(out, worker=1)
 
 
 @check("failure.child_killed_during_start")
 def test_child_killed_during_start(ws):
     out = _scenario(ws, "child_fault", fault="child_kill", worker=1, num_workers=N,
-                    parallelism=N if ws.max_parallel else None, loader_timeout=0, hard_timeout=60)
+                    parallelism=N if ws.max_parallel else None, loader_timeout=0, hard_timeout=40)
     scenarios.judge_child_fault(out, worker=1)
 
 
 @check("failure.child_hang_during_start", requires=("timeout",))
 def test_child_hang_during_start(ws):
     out = _scenario(ws, "child_fault", fault="child_hang", worker=1, num_workers=N,
-                    parallelism=N if ws.max_parallel else None, loader_timeout=5, hard_timeout=60)
+                    parallelism=N if ws.max_parallel else None, loader_timeout=5, hard_timeout=40)
     scenarios.judge_child_fault(out, worker=1, within=5 + 10)
 
 

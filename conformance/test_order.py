@@ -34,7 +34,7 @@ def test_registration(ws):
     assert not wrong, (
         f"batch k must come from worker k mod {N} (start order was {ctx.start_order()}); "
         f"mismatches (batch, workers): {wrong[:6]}")
-    truth = [int(i) for b in batches_of(torch.utils.data.DataLoader(ds, batch_size=2)) for i in b["index"]]
+    truth = [int(i) for b in batches_of(ws.loader.factory(ds, batch_size=2, num_workers=0)) for i in b["index"]]
     assert [int(i) for b in batches for i in b["index"]] == truth, "output differs from the num_workers=0 truth"
 
 

@@ -52,3 +52,25 @@ def raises():
 
 def exits_hard():
     os._exit(7)
+
+
+def interrupt_at_worker_1():
+    """Serial starts with an interrupt fault at worker 1: which starts happened?"""
+    from pytest_workerstart.probes.context import InstrumentedContext
+    from pytest_workerstart.probes.faults import FaultPlan
+
+    ctx = InstrumentedContext("fork", num_workers=3, faults=FaultPlan.interrupt(1))
+    procs = [ctx.Process(target=quick) for _ in range(3)]
+    started = []
+    try:
+        for i, p in enumerate(procs):
+            p.start()
+            started.append(i)
+    except KeyboardInterrupt:
+        outcome = "KeyboardInterrupt"
+    else:
+        outcome = "no interrupt"
+    for p in procs:
+        if p.pid is not None:
+            p.join()
+    return {"outcome": outcome, "started": started}

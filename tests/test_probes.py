@@ -38,7 +38,8 @@ def test_leak_snapshot_sees_exactly_one_of_each():
         assert counts["threads"] == 1 and "probe-leaked-thread" in report.threads[0]
         assert counts["semaphores"] == 1 and report.shm[0].startswith("sem.mp-")
         files = [t for t in report.fds.values() if t == os.devnull]
-        assert len(files) == 1 and counts["fds"] == 2  # /dev/null + the process's sentinel pipe
+        assert len(files) == 1 and counts["fds.file"] == 1
+        assert counts["fds"] == 1 + counts.get("fds.pipe", 0)  # + the spawn Process's own pipes
         assert counts["dangling"] == 1
         text = report.format()
         assert f"pid {proc.pid}" in text and "probe-leaked-thread" in text and "/dev/null" in text
@@ -218,4 +219,10 @@ def test_hanging_scenario_is_killed_and_reported_with_stacks():
     res = run_scenario("tests._mpprograms:hang_forever", timeout=3)
     assert time.monotonic() - t0 < 15
     assert res.status == "hang"
-    assert "hang_forever" in res.stacks and "Thread" in res.stacks
+    assert "hang_forever" in res.stacks and "thread" in res.stacks.lower()
+
+
+def test_interrupt_fault_fires_at_worker_k_only():
+    res = run_scenario("tests._mpprograms:interrupt_at_worker_1", timeout=60)
+    assert res.status == "ok", res.details()
+    assert res.value == {"outcome": "KeyboardInterrupt", "started": [0]}

@@ -129,6 +129,22 @@ class _InstrumentedProcessMixin:
             recorder.end(key, self.pid if error is None else None, error)
             del error
 
+    def join(self, timeout=None):  # parent side: keep the exit code after the Process is gone
+        super().join(timeout)
+        self._ws_note_exit()
+
+    def close(self):
+        self._ws_note_exit()
+        super().close()
+
+    def _ws_note_exit(self) -> None:
+        popen = getattr(self, "_popen", None)
+        recorder = getattr(self, "_ws_recorder", None)
+        if popen is not None and recorder is not None:
+            code = popen.poll()
+            if code is not None:
+                recorder.records[self._ws_key].exitcode = code
+
     def __getstate__(self):  # what travels to a spawn/forkserver child
         state = self.__dict__.copy()
         state.pop("_ws_recorder", None)
@@ -254,8 +270,9 @@ class InstrumentedContext(BaseContext):
             for key, rec in items:
                 ref = self._recorder.procs.get(key)
                 proc = ref() if ref else None
-                if proc is not None and proc._popen is not None:
-                    rec.exitcode = proc._popen.poll()
+                if proc is not None and getattr(proc, "_popen", None) is not None:
+                    code = proc._popen.poll()
+                    rec.exitcode = code if code is not None else rec.exitcode
             return [r for (g, _), r in items if generation is None or g == generation]
 
     def _merge_child_events(self) -> None:

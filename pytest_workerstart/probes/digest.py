@@ -93,11 +93,16 @@ def batch_digest(batch: Any) -> str:
     return h.hexdigest()
 
 
-def in_process_truth(dataset, **loader_kwargs) -> Any:
-    """The first batch the same dataset and sampler give with ``num_workers=0``."""
-    from torch.utils.data import DataLoader
+def in_process_truth(dataset, factory=None, **loader_kwargs) -> Any:
+    """The first batch the same dataset and sampler give with ``num_workers=0``.
 
+    ``factory`` is the loader under test (default: torch's ``DataLoader``): a
+    loader is compared with itself in-process, so a different but consistent
+    sampler (torchdata's stateful one) is not mistaken for a start defect.
+    """
+    if factory is None:
+        from torch.utils.data import DataLoader as factory
     kwargs = {k: v for k, v in loader_kwargs.items()
               if k not in ("num_workers", "multiprocessing_context", "prefetch_factor", "persistent_workers",
                            "worker_init_fn", "timeout", "pin_memory", "in_order")}
-    return next(iter(DataLoader(dataset, num_workers=0, **kwargs)))
+    return next(iter(factory(dataset, num_workers=0, **kwargs)))

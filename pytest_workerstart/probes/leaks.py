@@ -30,7 +30,13 @@ SHM_PATTERN = re.compile(r"^(sem\.mp-|torch_|psm_|wnsm_|mp-)")
 
 
 def _is_helper(proc: psutil.Process) -> bool:
+    """The shared resource tracker or forkserver: a *direct* child with that cmdline.
+
+    Workers forked by the forkserver inherit its cmdline, so the parent decides.
+    """
     try:
+        if proc.ppid() != os.getpid():
+            return False
         cmd = " ".join(proc.cmdline())
     except (psutil.Error, OSError):
         return False

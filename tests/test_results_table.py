@@ -1,0 +1,36 @@
+"""docs/results stays true: the table is the rendering of the committed verdicts,
+and the headline verdicts still hold against the installed torch/torchdata."""
+
+from pathlib import Path
+
+import pytest
+
+from pytest_workerstart.results_table import render
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+VERDICTS = [RESULTS / f"{name}.json" for name in ("reference", "torch", "torchdata")]
+
+
+def test_table_renders_the_committed_verdicts():
+    assert (RESULTS / "table.md").read_text() == render(VERDICTS), (
+        "regenerate: python -m pytest_workerstart.results_table docs/results/{reference,torch,torchdata}.json"
+        " > docs/results/table.md")
+
+
+def test_reference_verdict_is_all_green():
+    import json
+
+    data = json.loads((RESULTS / "reference.json").read_text())
+    assert data["summary"]["failed"] == 0 and data["summary"]["error"] == 0 and data["summary"]["passed"] > 100
+
+
+@pytest.mark.parametrize("loader, check, expected", [
+    ("torch", "failure.driver_killed", "failed"),
+    ("torch", "failure.parent_start_error", "failed"),
+    ("reference", "failure.driver_killed", "passed"),
+])
+def test_headline_verdicts_still_hold(run_suite, loader, check, expected):
+    """Live, forkserver, quick profile: the table's key claims against the installed packages."""
+    v = run_suite(f"--workerstart-loader={loader}", "--workerstart-context=forkserver",
+                  "--workerstart-profile=quick", "-k", check)
+    assert expected in v.outcomes(check), (v.outcomes(check), v.reasons(check))
