@@ -24,17 +24,23 @@ ALL_IDS = {
 
 
 def test_every_check_id_has_a_broken_loader():
-    caught = {target for target, _, _ in CATCHES.values()}
+    caught = {t for targets, _, _ in CATCHES.values() for t in _ids(targets)}
     assert ALL_IDS - caught == set(), f"check ids no broken loader fails: {sorted(ALL_IDS - caught)}"
+
+
+def _ids(targets):
+    return (targets,) if isinstance(targets, str) else tuple(targets)
 
 
 @pytest.mark.parametrize("name", sorted(CATCHES))
 def test_broken_loader_is_caught(run_suite, name):
-    target, related, extra = CATCHES[name]
-    ids = [target] + [s for s in SENTINELS if s != target and s not in related]
+    targets, related, extra = CATCHES[name]
+    targets = _ids(targets)
+    ids = list(targets) + [s for s in SENTINELS if s not in targets and s not in related]
     verdict = run_suite(f"--workerstart-loader={MODULE}:{name}", "--workerstart-context=forkserver",
                         "--workerstart-profile=quick", "-k", " or ".join(ids), *extra)
-    assert "failed" in verdict.outcomes(target), (
-        f"{name}: {target} did not fail: {verdict.outcomes(target)}\n{verdict.result.stdout.str()[-2500:]}")
-    collateral = verdict.failed_ids() - {target} - set(related)
+    for target in targets:
+        assert "failed" in verdict.outcomes(target), (
+            f"{name}: {target} did not fail: {verdict.outcomes(target)}\n{verdict.result.stdout.str()[-2500:]}")
+    collateral = verdict.failed_ids() - set(targets) - set(related)
     assert not collateral, f"{name}: unrelated checks failed too: {sorted(collateral)}"
