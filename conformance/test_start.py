@@ -34,7 +34,7 @@ def test_default_serial(ws):
 
 
 
-@check("start.respects_bound", requires=("parallel_start",))
+@check("start.respects_bound", requires=("parallel_start",), quick_contexts=("spawn", "forkserver"))
 @pytest.mark.parametrize("p", [1, 2, N], ids=lambda p: f"p{p}")
 def test_respects_bound(ws, p):
     if ws.settings.profile == "quick" and p != 2:

@@ -142,8 +142,10 @@ class WorkerstartSession:
         check_id = marker.args[0]
         only = marker.kwargs.get("contexts")
         contexts = [c for c in self.settings.contexts if only is None or c in only]
-        if self.settings.profile == "quick" and marker.kwargs.get("quick_contexts"):
-            quick = [c for c in contexts if c in marker.kwargs["quick_contexts"]]
+        if self.settings.profile == "quick":
+            # forkserver (with preload) unless the clause says it is about spawn too
+            wanted = marker.kwargs.get("quick_contexts", ("forkserver",))
+            quick = [c for c in contexts if c in wanted]
             contexts = quick or contexts[:1]
         metafunc.parametrize("ws_context", contexts, ids=[f"{check_id}-{c}" for c in contexts])
 
