@@ -1,0 +1,24 @@
+"""A non-editable install ships the suite and the fixtures under the plugin's
+namespace, registers the entry point, and claims no top-level `fixtures`."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_contents(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(ROOT), "-w", str(tmp_path)],
+                   check=True, capture_output=True, timeout=600)
+    (wheel,) = tmp_path.glob("pytest_workerstart-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    suite = {Path(n).name for n in names if n.startswith("pytest_workerstart/conformance/")}
+    assert {p.name for p in (ROOT / "conformance").glob("test_*.py")} <= suite
+    assert "pytest_workerstart/fixtures/datasets.py" in names
+    assert "pytest_workerstart/fixtures/broken/loaders.py" in names
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {"pytest_workerstart", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "workerstart = pytest_workerstart.plugin" in zipfile.ZipFile(wheel).read(entry).decode()
