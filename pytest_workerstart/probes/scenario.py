@@ -77,16 +77,34 @@ def session_members(sid: int) -> list[psutil.Process]:
 
 
 def kill_session(sid: int, timeout: float = 5.0) -> list[str]:
-    """Kill every process of session ``sid``; return a line per victim."""
-    victims = session_members(sid)
-    lines = []
+    """Kill every process of session ``sid``; return a line per victim.
+
+    The resource tracker goes last and gets ``timeout`` to exit by itself: once
+    everyone holding its pipe is gone it unlinks the semaphores they leaked,
+    which a SIGKILLed tracker would leave in /dev/shm until reboot.
+    """
+    members = session_members(sid)
+    trackers, victims, lines = [], [], []
+    for p in members:
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        (trackers if "multiprocessing.resource_tracker" in cmd else victims).append(p)
+        lines.append(f"pid {p.pid} {cmd[:160]}")
     for p in victims:
         try:
-            lines.append(f"pid {p.pid} {' '.join(p.cmdline())[:160]}")
             p.kill()
         except psutil.Error:
             pass
     psutil.wait_procs(victims, timeout=timeout)
+    _, alive = psutil.wait_procs(trackers, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=timeout)
     return lines
 
 
