@@ -35,7 +35,7 @@ def unregister_session(sid: int) -> None:
 
 def reap_session(timeout: float = 5.0) -> list[str]:
     """Kill registered scenario sessions and pytest's own worker descendants."""
-    from pytest_workerstart.probes.scenario import kill_session
+    from pytest_workerstart.probes.scenario import kill_and_wait, kill_session
 
     lines: list[str] = []
     with _lock:
@@ -55,10 +55,5 @@ def reap_session(timeout: float = 5.0) -> list[str]:
             victims.append(child)
         except psutil.Error:
             continue
-    for v in victims:
-        try:
-            v.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(victims, timeout=timeout)
+    kill_and_wait(victims, timeout)
     return lines

@@ -92,20 +92,20 @@ def kill_session(sid: int, timeout: float = 5.0) -> list[str]:
             continue
         (trackers if "multiprocessing.resource_tracker" in cmd else victims).append(p)
         lines.append(f"pid {p.pid} {cmd[:160]}")
-    for p in victims:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(victims, timeout=timeout)
+    kill_and_wait(victims, timeout)
     _, alive = psutil.wait_procs(trackers, timeout=timeout)
-    for p in alive:
+    kill_and_wait(alive, timeout)
+    return lines
+
+
+def kill_and_wait(procs: list[psutil.Process], timeout: float = 5.0) -> None:
+    """SIGKILL ``procs`` (already-gone ones are fine) and reap what we can."""
+    for p in procs:
         try:
             p.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(alive, timeout=timeout)
-    return lines
+    psutil.wait_procs(procs, timeout=timeout)
 
 
 def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 120.0,
