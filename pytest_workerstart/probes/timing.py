@@ -33,8 +33,13 @@ def tree_pss() -> int:
 
 
 def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict, context: str,
-          parallelism: int | None, max_batches: int, preload: Sequence[str] = ()) -> dict[str, Any]:
-    """One measurement; runs inside the fresh interpreter."""
+          parallelism: int | None, max_batches: int, preload: Sequence[str] = (),
+          generator_seed: int | None = None) -> dict[str, Any]:
+    """One measurement; runs inside the fresh interpreter.
+
+    ``generator_seed`` gives the loader ``generator=torch.Generator().manual_seed(seed)``
+    (shuffle order and worker seeds), so every trial sees the same first batch.
+    """
     import importlib
     import multiprocessing
 
@@ -49,6 +54,10 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
         forkserver.ensure_running()  # the server's boot is not part of the loader's start
     mod, _, attr = dataset.partition(":")
     ds = getattr(importlib.import_module(mod), attr)(**dataset_kwargs)
+    if generator_seed is not None:
+        import torch
+
+        loader_kwargs = {**loader_kwargs, "generator": torch.Generator().manual_seed(generator_seed)}
     gc.collect()
     pss0 = tree_pss()
     t0 = time.perf_counter()
@@ -108,14 +117,22 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
 
 
 def run_trials(configs: dict[str, dict], trials: int, timeout: float = 600.0,
-               progress: Callable[[str], None] | None = None) -> dict[str, list[dict]]:
-    """Run ``trial`` for every configuration, alternated, each in a fresh process."""
+               progress: Callable[[str], None] | None = None, keep_going: bool = False) -> dict[str, list[dict]]:
+    """Run ``trial`` for every configuration, alternated, each in a fresh process.
+
+    A failed trial raises, or with ``keep_going`` is recorded as ``{"error": ...}``.
+    """
     results: dict[str, list[dict]] = {name: [] for name in configs}
     order = alternated(list(configs), trials)
     for i, name in enumerate(order, 1):
         res = run_scenario(f"{__name__}:trial", configs[name], timeout=timeout)
         if res.status != "ok":
-            raise RuntimeError(f"trial {i} ({name}) failed: {res.details()}")
+            if not keep_going:
+                raise RuntimeError(f"trial {i} ({name}) failed: {res.details()}")
+            results[name].append({"error": res.one_line(), "details": res.details()[-2000:]})
+            if progress:
+                progress(f"trial {i}/{len(order)} {name}: FAILED: {res.one_line()}")
+            continue
         results[name].append(res.value)
         if progress:
             progress(f"trial {i}/{len(order)} {name}: first batch {res.value['time_to_first_batch_s']:.2f} s")

@@ -1,0 +1,139 @@
+"""``python -m pytest_workerstart.bench``: run the startup benchmark, or plot its JSON.
+
+    python -m pytest_workerstart.bench --make-dataset
+    python -m pytest_workerstart.bench --loader reference torch torchdata \\
+        --context spawn forkserver --num-workers 1 2 4 8 --parallelism 1 N \\
+        --trials 5 --max-batches 100 --json results.json
+    python -m pytest_workerstart.bench plot results.json -o fig.png
+
+Exit status: 0 ok; 1 first-batch digests differ, a trial failed, or ``--compare``
+found a regression; 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def _progress(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run_parser() -> argparse.ArgumentParser:
+    from pytest_workerstart.bench.eurosat import EUROSAT_PER_CLASS
+    from pytest_workerstart.bench.run import CONTEXTS
+
+    p = argparse.ArgumentParser(prog="python -m pytest_workerstart.bench",
+                                description="Worker-start benchmark on a EuroSAT-like JPEG set (see docs/benchmark.md).")
+    p.add_argument("--loader", nargs="+", default=["reference"], metavar="SPEC",
+                   help="reference, torch, torchdata or module:attr (as for --workerstart-loader)")
+    p.add_argument("--context", nargs="+", default=["spawn"], choices=CONTEXTS)
+    p.add_argument("--num-workers", nargs="+", type=int, default=[8])
+    p.add_argument("--parallelism", nargs="+", default=["1", "N"],
+                   help="values of the parallelism argument: integers, N (= workers) or cores (= usable cores)")
+    p.add_argument("--trials", type=int, default=5, help="fresh-process trials per configuration")
+    p.add_argument("--max-batches", type=int, default=100, help="steady state is measured over batches 2..max")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--data-root", help="an existing EuroSAT folder (used unchanged) instead of the generated set")
+    p.add_argument("--make-dataset", action="store_true", help="generate (or verify) the offline set, print its path, exit")
+    p.add_argument("--per-class", type=int, default=EUROSAT_PER_CLASS, help="generated images per class (EuroSAT: 2700)")
+    p.add_argument("--limit", type=int, default=None, help="use only this many images (a reduced workload)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the shuffle generator")
+    p.add_argument("--trial-timeout", type=float, default=600.0)
+    p.add_argument("--label", default="", help="a description of the machine for the figure and JSON")
+    p.add_argument("--json", dest="json_out", metavar="OUT", help="write every raw value and summary here")
+    p.add_argument("--pytest-benchmark-json", metavar="OUT",
+                   help="also write the time-to-first-batch trials in pytest-benchmark's format")
+    p.add_argument("--compare", metavar="BASELINE.json", help="fail if a median time to first batch regressed")
+    p.add_argument("--max-regression", type=float, default=10.0, metavar="PCT")
+    return p
+
+
+def plot_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pytest_workerstart.bench plot")
+    p.add_argument("results")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--workers", type=int, default=None, help="worker count of the bar and slope panels (default: largest)")
+    return p
+
+
+def print_table(result: dict) -> None:
+    rows = [("configuration", "iter (s)", "first batch (s) p10-p90", "images/s", "PSS +MiB", "errors")]
+    for name, cfg in result["configs"].items():
+        s = cfg["summary"]
+        t = s["time_to_first_batch_s"]
+        rows.append((name, f"{s['iterator_creation_s']['median']:.2f}",
+                     f"{t['median']:.2f} ({t['p10']:.2f}-{t['p90']:.2f})",
+                     f"{s['steady_samples_per_s']['median']:.0f}", f"{s['pss_increase_mb']['median']:.0f}",
+                     str(cfg["errors"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    for c in result["comparisons"]:
+        if c["ratio_of_medians"] is not None:
+            print(f"{c['candidate']} / {c['baseline']}: first batch x{c['ratio_of_medians']:.2f} "
+                  f"(median pair ratio x{c['median_pair_ratio']:.2f})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["plot"]:
+        from pytest_workerstart.bench.plot import plot
+
+        a = plot_parser().parse_args(argv[1:])
+        with open(a.results) as f:
+            plot(json.load(f), a.output, workers=a.workers)
+        print(a.output)
+        return 0
+    args = run_parser().parse_args(argv)
+    from pytest_workerstart.bench import eurosat, run
+
+    if args.make_dataset:
+        t0 = time.perf_counter()
+        root, checksum = eurosat.make_dataset(args.data_root, per_class=args.per_class)
+        print(f"{root}  sha256={checksum}  ({time.perf_counter() - t0:.1f} s)")
+        return 0
+    try:
+        for token in args.parallelism:
+            run.parse_parallelism(token, 1)
+    except ValueError as exc:
+        print(f"ERROR: --parallelism: {exc}", file=sys.stderr)
+        return 2
+    from pytest_workerstart.protocol import SpecError
+
+    try:
+        result = run.run(args, _progress)
+    except SpecError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        return 2
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(result, f, indent=1)
+    if args.pytest_benchmark_json:
+        with open(args.pytest_benchmark_json, "w") as f:
+            json.dump(run.to_pytest_benchmark(result), f, indent=1)
+    print_table(result)
+    status = 0
+    if not result["digests"]["match"]:
+        print("ERROR: first-batch digests differ between trials:", file=sys.stderr)
+        for name, ds in result["digests"]["per_config"].items():
+            print(f"  {name}: {', '.join(d[:16] for d in ds)}", file=sys.stderr)
+        status = 1
+    failed = {n: c["errors"] for n, c in result["configs"].items() if c["errors"]}
+    if failed:
+        print(f"ERROR: failed trials: {failed}", file=sys.stderr)
+        status = 1
+    if args.compare:
+        with open(args.compare) as f:
+            problems = run.compare(result, json.load(f), args.max_regression)
+        for line in problems:
+            print(f"REGRESSION: {line}", file=sys.stderr)
+        status = status or (1 if problems else 0)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
