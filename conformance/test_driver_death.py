@@ -8,11 +8,9 @@ gone within ``--workerstart-driver-death-timeout`` (default 15 s), along with
 any ``/dev/shm`` entry created meanwhile. Survivors are listed, then killed.
 """
 
-import os
-import sys
-
 import pytest
 
+from pytest_workerstart import scenarios
 from pytest_workerstart.probes.driver_death import run_driver_death
 
 check = pytest.mark.workerstart_check
@@ -25,16 +23,12 @@ N = 2
 def test_driver_killed(ws, case, exit_mode):
     if ws.settings.profile == "quick" and (case, exit_mode) != ("mid_start", "sigkill"):
         pytest.skip("quick profile: a SIGKILL mid-start only")
-    loader = ws.loader
-    spec = {"spec": loader.spec, "kwarg": loader.parallelism_kwarg or "none",
-            "caps": {k: list(v) if isinstance(v, tuple) else v for k, v in loader.capabilities.items()}}
-    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
     bound = ws.settings.driver_death_timeout
     res = run_driver_death(
         "pytest_workerstart.scenarios:scenario_driver",
-        {"loader": spec, "context": ws.context_name, "case": case, "num_workers": N,
+        {"loader": scenarios.loader_payload(ws.loader), "context": ws.context_name, "case": case, "num_workers": N,
          "parallelism": N if ws.max_parallel else None},
-        exit_mode=exit_mode, bound=bound, env=env)
+        exit_mode=exit_mode, bound=bound, env=scenarios.child_env())
     if res.setup_error:
         pytest.fail(res.report(), pytrace=False)
     assert res.ok, (f"{len(res.survivors)} process(es) and {len(res.shm_left)} /dev/shm entr(ies) outlived the "

@@ -10,6 +10,7 @@ import collections
 
 import pytest
 
+from pytest_workerstart import scenarios
 from pytest_workerstart.fixtures.datasets import ShardedRange
 
 check = pytest.mark.workerstart_check
@@ -27,3 +28,22 @@ def test_exactly_once(ws):
     assert not dup and not missing, (
         f"each of {n} samples must appear once per epoch: duplication factor {factor:.2f} "
         f"({len(dup)} duplicated, {len(missing)} missing; num_workers={N})")
+
+
+WORLD = 2
+PG_TIMEOUT = 20.0
+
+
+@check("sharding.exactly_once", requires=("iterable_dataset",))
+@pytest.mark.parametrize("ranks", ["distributed", "distributed_failing_rank"])
+def test_exactly_once_over_ranks(ws, ranks, tmp_path):
+    if ws.settings.profile == "quick" and ranks != "distributed":
+        pytest.skip("quick profile: the covering case only")
+    fail_rank = 1 if ranks == "distributed_failing_rank" else None
+    n = 24
+    res = scenarios.run(ws.loader, ws.context_name, "distributed", timeout=4 * PG_TIMEOUT + 120,
+                        world_size=WORLD, num_workers=2, parallelism=2 if ws.max_parallel else None, n=n,
+                        fail_rank=fail_rank, pg_timeout=PG_TIMEOUT, outdir=str(tmp_path))
+    if res.status != "ok":
+        pytest.fail(res.details(), pytrace=False)
+    scenarios.judge_distributed(res.value, WORLD, 2, n, fail_rank, PG_TIMEOUT)

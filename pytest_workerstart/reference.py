@@ -16,6 +16,8 @@ dies (see :mod:`pytest_workerstart.driverwatch`), in every context.
 
 from __future__ import annotations
 
+import os
+import queue
 import threading
 import time
 import traceback
@@ -27,7 +29,7 @@ from torch.utils.data import DataLoader
 from pytest_workerstart import _torch_internals as _ti
 from pytest_workerstart import driverwatch
 
-__all__ = ["ParallelStartDataLoader", "WorkerStartError", "WorkerFailedError"]
+__all__ = ["ParallelStartDataLoader", "WorkerStartError", "WorkerFailedError", "preload_forkserver", "usable_cores"]
 
 
 class WorkerStartError(RuntimeError):
@@ -68,6 +70,47 @@ def _scrub(exc: BaseException | None, seen: set[int] | None = None) -> None:
         traceback.clear_frames(exc.__traceback__)
         _scrub(exc.__context__, seen)
         exc = exc.__cause__
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: a good ``worker_start_parallelism`` under spawn.
+
+    More concurrent spawn boots than cores only share the CPU, so worker 0,
+    which the first batch needs, boots later (see docs/benchmark.md)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def preload_forkserver(*modules: str, dataset=None) -> list[str]:
+    """Have the forkserver import ``torch`` (plus ``modules`` and ``dataset``'s
+    module) once, so forkserver workers fork with it already imported.
+
+    Call it before the first forkserver worker of the process; it cannot change
+    a server that is already running (a ``RuntimeWarning`` says so). Trade-offs:
+    workers boot in a fork plus an unpickle instead of a full torch import, and
+    share the imported pages copy-on-write (less PSS); but whatever those imports
+    do at import time happens in the server, and a module imported there is not
+    re-imported per worker (edits to it need a new process). ``__main__`` is
+    deliberately not preloaded (its preload differs across Python versions,
+    cpython#126631). Returns the list it set.
+    """
+    import multiprocessing
+    import warnings
+    from multiprocessing import forkserver
+
+    names = ["torch", *modules]
+    if dataset is not None:
+        mod = type(dataset).__module__
+        if mod and mod != "__main__":
+            names.append(mod)
+    names = list(dict.fromkeys(names))
+    if getattr(forkserver._forkserver, "_forkserver_pid", None) is not None:
+        warnings.warn("preload_forkserver: the forkserver is already running; its preload list is unchanged",
+                      RuntimeWarning, stacklevel=2)
+    multiprocessing.get_context("forkserver").set_forkserver_preload(names)
+    return names
 
 
 class ParallelStartDataLoader(DataLoader):
@@ -133,15 +176,84 @@ def _worker_main(token, loop_kwargs) -> None:
 _LIVE_INDEX_QUEUES: dict[int, list] = {}
 
 
-def _start_all(workers, parallelism: int, finished: list | None = None) -> None:
-    """Start ``workers`` in id order, at most ``parallelism`` at once.
+class _Launcher:
+    """Starts ``workers`` in id order, at most ``parallelism`` at once, in threads.
 
-    Appends each worker id to ``finished`` as its start returns. Raises
-    :class:`WorkerStartError` for the lowest failing worker id. Every
-    start thread has been joined when this returns or raises, also when a
-    KeyboardInterrupt lands in the main thread while they run (even inside
-    ``Thread.start()``, which is why this is not a ThreadPoolExecutor: an
-    interrupted ``submit`` can leave a pool thread it no longer joins).
+    After the first failure no new start begins; in-flight ones finish.
+    ``finished`` gets each worker id as its start returns. Plain threads, not a
+    ThreadPoolExecutor: a KeyboardInterrupt inside ``submit`` can leave a pool
+    thread that nothing joins; these are joined even after an interrupted
+    ``Thread.start()``.
+    """
+
+    def __init__(self, workers: list, parallelism: int, finished: list | None = None) -> None:
+        self.workers = workers
+        self.parallelism = min(parallelism, len(workers))
+        self.finished = finished if finished is not None else []
+        self.errors: dict[int, BaseException] = {}
+        self._stop = threading.Event()
+        self._next_id = iter(range(len(workers)))
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def begin(self) -> "_Launcher":
+        for k in range(self.parallelism):
+            t = threading.Thread(target=self._run, name=f"ParallelStartDataLoader-start-{k}", daemon=True)
+            self._threads.append(t)
+            t.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                i = next(self._next_id, None)
+            if i is None:
+                return
+            try:
+                self.workers[i].start()
+            except BaseException as exc:  # noqa: BLE001 - reported by failure()
+                self.errors[i] = exc
+                self._stop.set()
+            else:
+                with self._lock:
+                    self.finished.append(i)
+
+    def done(self) -> bool:
+        return not any(t.is_alive() for t in self._threads)
+
+    def join(self) -> None:
+        try:
+            for t in self._threads:
+                t.join()
+        finally:
+            self._stop.set()  # interrupted: no new starts; in-flight ones finish
+            for t in self._threads:
+                _join_started(t)
+            self._threads.clear()
+
+    def halt(self) -> None:
+        self._stop.set()
+        self.join()
+
+    def failure(self) -> WorkerStartError | BaseException | None:
+        """The lowest failing worker's error (wrapped), or ``None``; forgets the rest."""
+        if not self.errors:
+            return None
+        first = min(self.errors)
+        exc = self.errors.pop(first)
+        self.errors.clear()
+        if not isinstance(exc, Exception):
+            return exc
+        err = WorkerStartError(first, len(self.workers), exc)
+        err.__cause__ = exc
+        return err
+
+
+def _start_all(workers, parallelism: int, finished: list | None = None) -> None:
+    """Start ``workers`` in id order, at most ``parallelism`` at once; return when all have.
+
+    Raises :class:`WorkerStartError` for the lowest failing worker id; every start
+    thread has been joined when this returns or raises.
     """
     n = len(workers)
     finished = finished if finished is not None else []
@@ -153,46 +265,14 @@ def _start_all(workers, parallelism: int, finished: list | None = None) -> None:
                 raise WorkerStartError(i, n, exc) from exc
             finished.append(i)
         return
-    stop = threading.Event()
-    errors: dict[int, BaseException] = {}
-    next_id = iter(range(n))
-    lock = threading.Lock()
-
-    def run() -> None:
-        while not stop.is_set():
-            with lock:
-                i = next(next_id, None)
-            if i is None:
-                return
-            try:
-                workers[i].start()
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors[i] = exc
-                stop.set()
-            else:
-                with lock:
-                    finished.append(i)
-
-    threads: list[threading.Thread] = []
+    launcher = _Launcher(workers, parallelism, finished)
     try:
-        for k in range(min(parallelism, n)):
-            t = threading.Thread(target=run, name=f"ParallelStartDataLoader-start-{k}", daemon=True)
-            threads.append(t)
-            t.start()
-        for t in threads:
-            t.join()
+        launcher.begin()
     finally:
-        stop.set()  # no new starts; in-flight ones finish, then cleanup sees them
-        for t in threads:
-            _join_started(t)
-        threads.clear()
-    if errors:
-        first = min(errors)
-        exc = errors.pop(first)
-        errors.clear()
-        if not isinstance(exc, Exception):
-            raise exc
-        raise WorkerStartError(first, n, exc) from exc
+        launcher.join()
+    failure = launcher.failure()
+    if failure is not None:
+        raise failure
 
 
 def _join_started(t: threading.Thread, patience: float = 1.0) -> None:
@@ -243,6 +323,7 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         self._workers_status: list = []
         self._worker_result_queue = ctx.Queue()
         self._workers_done_event = ctx.Event()
+        self._pending: _Launcher | None = None
         parallelism = self._effective_parallelism(loader, method)
         try:
             self._launch(ctx, parallelism)
@@ -261,13 +342,19 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
             # Prime first, then listen for SIGCHLD: torch's handler raises
             # asynchronously, and inside Queue.put it can leave a feeder thread
             # that no close() reaches. A worker that died meanwhile is reported
-            # synchronously by register_worker_pids.
+            # synchronously by register_worker_pids. (Deferred starts register
+            # once every start has returned: see _settle.)
             self._reset(loader, first_iter=True)
-            _ti.register_worker_pids(self)
+            if self._pending is None:
+                _ti.register_worker_pids(self)
         except RuntimeError as exc:  # a worker died while we primed it
             if not _is_worker_failure(exc):
+                self._fail_if_starting()
                 raise
             message = self._describe_failure(str(exc))
+        except BaseException:  # e.g. Ctrl-C while deferred starts run
+            self._fail_if_starting()
+            raise
         else:
             return
         self._fail()
@@ -279,10 +366,92 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         # queues are closed. Stop listening first; joins still have timeouts.
         if not self._shutdown:
             _ti.unregister_worker_pids(self)
+        self._halt_starts()
         try:
             super()._shutdown_workers()
         finally:
             _LIVE_INDEX_QUEUES.pop(id(self), None)
+
+    # --- deferred start ------------------------------------------------------
+    # With parallelism > 1, iter() builds every worker and queue, primes the
+    # index queues and returns while the starts run in id order in background
+    # threads; __next__ waits only for the data it needs. Batch k needs worker
+    # k mod N, so the first batch arrives after one worker's boot instead of
+    # after all N (the lowest ids start first). A failed start is raised, after
+    # full cleanup, by the first __next__ that sees it, and at the latest by the
+    # one that needs the failed worker.
+
+    def _defers_start(self, parallelism: int) -> bool:
+        return parallelism > 1
+
+    def _settle(self) -> None:
+        """If the deferred starts are over: raise their failure, or register pids."""
+        launch = self._pending
+        if launch is None or not launch.done():
+            return
+        self._pending = None
+        launch.join()
+        failure = launch.failure()
+        if failure is None:
+            _ti.register_worker_pids(self)  # raises if a worker already died
+            return
+        launch = None
+        self._drop_unstarted()
+        self._fail()
+        try:
+            raise failure
+        finally:
+            _scrub(failure)
+            failure = None
+
+    def _halt_starts(self) -> None:
+        """Stop deferred starts (in-flight ones finish); forget unstarted workers."""
+        launch, self._pending = getattr(self, "_pending", None), None
+        if launch is None:
+            return
+        launch.halt()
+        launch.failure()  # shutting down anyway: drop the error and its frames
+        self._drop_unstarted()
+
+    def _drop_unstarted(self) -> None:
+        """Close the queues of workers never started and forget them (torch joins all)."""
+        keep = [i for i, w in enumerate(self._workers) if w._popen is not None]
+        for i, q in enumerate(self._index_queues):
+            if i not in keep:
+                q.cancel_join_thread()
+                q.close()
+        status = list(self._workers_status) + [True] * (len(self._workers) - len(self._workers_status))
+        self._workers = [self._workers[i] for i in keep]
+        self._index_queues = [self._index_queues[i] for i in keep]
+        self._workers_status = [status[i] for i in keep]
+
+    def _fail_if_starting(self) -> None:
+        if self._pending is not None:
+            self._fail()
+
+    def _try_get_data(self, timeout=_ti.MP_STATUS_CHECK_INTERVAL):
+        if self._pending is None:
+            return super()._try_get_data(timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            self._settle()
+            remaining = deadline - time.monotonic()
+            if self._pending is None:
+                return super()._try_get_data(max(remaining, 0.0))
+            try:
+                return True, self._data_queue.get(timeout=max(min(remaining, 0.05), 0.0))
+            except queue.Empty:
+                pass
+            # torch's liveness check, for the workers started so far
+            dead = [i for i, w in enumerate(self._workers)
+                    if w._popen is not None and self._workers_status[i] and not w.is_alive()]
+            if dead:
+                for i in dead:
+                    self._mark_worker_as_unavailable(i)
+                pids = ", ".join(str(self._workers[i].pid) for i in dead)
+                raise RuntimeError(f"DataLoader worker (pid(s) {pids}) exited unexpectedly")
+            if remaining <= 0:
+                return False, None
 
     def _effective_parallelism(self, loader, method: str) -> int:
         # fork stays serial: forking while start threads run is unsafe.
@@ -295,8 +464,15 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         try:
             self._build(ctx, launches)
             procs.extend(w for _, w in launches)
-            self._start(procs, parallelism, finished)
+            if self._defers_start(parallelism):
+                self._pending = _Launcher(procs, parallelism, finished)
+                self._pending.begin()
+            else:
+                self._start(procs, parallelism, finished)
         except BaseException as exc:
+            if self._pending is not None:
+                self._pending.halt()
+                self._pending = None
             self._cleanup_failed_start(launches)
             self._forget(exc, launches, procs)
             raise
@@ -347,11 +523,19 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         # or from its SIGCHLD handler at any point of __next__: turn it into a
         # clear error naming the worker, after shutting every worker down.
         try:
+            self._settle()
             return super().__next__()
+        except WorkerStartError:
+            raise  # _settle cleaned up already
         except RuntimeError as exc:
             if not _is_worker_failure(exc):
+                self._fail_if_starting()
                 raise
             message = self._describe_failure(str(exc))
+        except BaseException as exc:
+            if not isinstance(exc, (Exception, GeneratorExit)):
+                self._fail_if_starting()  # Ctrl-C while starts run: stop them all now
+            raise
         self._fail()  # outside the except block: the RuntimeError is not kept as __context__
         raise WorkerFailedError(message)
 
@@ -382,7 +566,7 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         for w in self._workers:
             if w._popen is not None and w.exitcode is not None:
                 w.close()
-        self._worker_result_queue = self._data_queue = None
+        self._worker_result_queue = self._data_queue = self._workers_done_event = None
         self._workers, self._index_queues = [], []
         self._workers_status = []
         if hasattr(self, "_task_info"):

@@ -10,6 +10,7 @@ import pytest
 
 from pytest_workerstart.fixtures.broken.loaders import CATCHES
 
+pytestmark = pytest.mark.slow
 MODULE = "pytest_workerstart.fixtures.broken.loaders"
 SENTINELS = ("start.default_serial", "order.registration", "digest.first_batch", "leaks.clean_exit",
              "transfer.shared_memory")

@@ -92,13 +92,21 @@ def test_parity_persistent_second_epoch():
     assert [_all(a) for _ in range(2)] == [_all(b) for _ in range(2)]
 
 
+def _take(loader, n):
+    it = iter(loader)
+    for _ in range(n):
+        next(it)
+
+
 def test_failed_start_cleans_up_and_names_worker():
     before = LeakSnapshot.take()
     ctx = InstrumentedContext("forkserver", num_workers=4, faults=FaultPlan.start_error(2))
     loader = ParallelStartDataLoader(WorkerTagDataset(8), num_workers=4, multiprocessing_context=ctx,
                                      worker_start_parallelism=4)
+    # Deferred start: raised by the first next() that sees it, at the latest
+    # the one that needs worker 2 (batch 2).
     with pytest.raises(WorkerStartError, match="worker 2 ") as excinfo:
-        iter(loader)
+        _take(loader, 3)
     assert isinstance(excinfo.value.__cause__, OSError)
     # strict: nothing, not even an fd or semaphore, while the exception is held
     held = LeakSnapshot.wait_clean(before, timeout=10)

@@ -1,10 +1,8 @@
-"""Startup timer: alternation, statistics, and a real speedup measured side by side."""
+"""Startup timer: alternation, statistics and the derived startup threshold."""
 
 import pytest
 
-from pytest_workerstart.probes.timing import alternated, assert_startup_speedup, summarize
-
-BIG = "pytest_workerstart.fixtures.datasets:BigPickleDataset"
+from pytest_workerstart.probes.timing import alternated, derived_startup_threshold, summarize
 
 
 def test_alternation_is_pairwise():
@@ -16,17 +14,14 @@ def test_summary_statistics():
     assert s["median"] == 3.0 and s["n"] == 5 and s["p10"] < s["median"] < s["p90"]
 
 
-@pytest.mark.timeout(900)
-def test_parallel_spawn_start_beats_serial_and_fake_parallel_does_not():
-    """Spawn, 4 workers, a 256 KiB dataset pickle: serial start blocks per worker.
-
-    On 2 cores 4 concurrent boots share the CPU, so the bar is modest (1.3x);
-    the loader that only *says* it is parallel stays near 1x and must fail it.
-    """
-    kw = dict(dataset=BIG, num_workers=4, parallelism=4, context="spawn", trials=2,
-              loader_kwargs={"batch_size": 2})
-    good = assert_startup_speedup({"spec": "reference"}, threshold=1.3, **kw)
-    assert good["ratio_of_medians"] >= 1.3
-    with pytest.raises(AssertionError, match="below 1.30x"):
-        assert_startup_speedup({"spec": "pytest_workerstart.fixtures.broken.loaders:FakeParallel"},
-                               threshold=1.3, **kw)
+@pytest.mark.parametrize(("cores", "workers", "low", "high"), [
+    (2, 4, 1.3, 1.5),    # this machine: never asks for more than 2 cores can give
+    (88, 8, 3.8, 4.6),   # the seed's host: 1.1x must not pass
+    (1, 4, 1.0, 1.0),    # one core: no gain to ask for
+])
+def test_derived_threshold_scales_with_usable_cores(cores, workers, low, high):
+    # one worker 3 s (0.3 s fixed + 2.7 s boot), serial N workers = 0.3 + N * 2.7
+    d = derived_startup_threshold(3.0, 0.3 + workers * 2.7, workers, cores)
+    assert abs(d["boot_s"] - 2.7) < 1e-9 and abs(d["fixed_s"] - 0.3) < 1e-9
+    assert low <= d["threshold"] <= high, d
+    assert d["threshold"] <= d["ideal_speedup"]

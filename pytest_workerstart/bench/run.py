@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from pytest_workerstart.probes.timing import run_trials, summarize
+from pytest_workerstart.reference import usable_cores
 
 DATASET = "pytest_workerstart.bench.eurosat:EuroSATLike"
-METRICS = ("constructor_s", "iterator_creation_s", "time_to_first_batch_s", "steady_samples_per_s", "pss_increase_mb")
+METRICS = ("constructor_s", "iterator_creation_s", "time_to_first_batch_s", "steady_samples_per_s",
+           "warm_samples_per_s", "time_to_last_batch_s", "pss_increase_mb")
 #: ``forkserver+preload``: forkserver whose server imports torch, torchvision and
 #: the dataset's module before the first worker (the server's own boot is not timed).
 CONTEXTS = ("spawn", "forkserver", "forkserver+preload", "fork")
@@ -40,13 +42,6 @@ class Config:
     @property
     def name(self) -> str:
         return f"{self.loader}/{self.context}/w{self.num_workers}/p{self.parallelism}"
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def parse_parallelism(token: str, num_workers: int) -> int:
@@ -233,7 +228,7 @@ def to_pytest_benchmark(result: dict) -> dict:
         benches.append({"group": "time_to_first_batch", "name": name, "fullname": f"workerstart-bench::{name}",
                         "params": {k: cfg[k] for k in ("loader", "context", "num_workers", "parallelism")},
                         "param": name, "extra_info": {}, "options": {"timer": "perf_counter", "min_rounds": len(values)},
-                        "stats": {**st.as_dict(), "data": values}})
+                        "stats": {**st.as_dict(), "iterations": 1, "data": values}})
     return {"machine_info": {"node": platform.node(), "processor": result["machine"]["cpu_model"],
                              "machine": platform.machine(), "python_version": result["machine"]["python"],
                              "python_implementation": platform.python_implementation(), "system": platform.system(),

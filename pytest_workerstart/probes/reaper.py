@@ -10,6 +10,8 @@ spared: it exits by itself once pytest is gone and unlinks what is left.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import signal
 import threading
 
 import psutil
@@ -55,5 +57,20 @@ def reap_session(timeout: float = 5.0) -> list[str]:
             victims.append(child)
         except psutil.Error:
             continue
-    kill_and_wait(victims, timeout)
+    # torch's SIGCHLD handler raises for a registered worker that we kill here
+    # (an iterator the checks leaked): the reaper must not become a crash.
+    with _sigchld_ignored():
+        kill_and_wait(victims, timeout)
     return lines
+
+
+@contextlib.contextmanager
+def _sigchld_ignored():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, old)

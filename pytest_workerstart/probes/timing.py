@@ -73,18 +73,30 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
     pss1 = tree_pss()
     n = 0
     samples = 0
+    arrivals = []  # (batch number, samples so far, time) for batches 2..max
     t4 = time.perf_counter()
     for batch in it:
         n += 1
         samples += _batch_len(batch)
+        arrivals.append((n + 1, samples, time.perf_counter()))
         if n + 1 >= max_batches:
             break
     t5 = time.perf_counter()
     pss2 = tree_pss()
     del it, dl
+    # "warm": batches after every worker has delivered twice (from batch 2N+1),
+    # i.e. once workers that start after the first batch are all up.
+    warm_from = 2 * int(loader_kwargs.get("num_workers", 0) or 0) + 1
+    warm = [a for a in arrivals if a[0] >= warm_from]
+    warm_rate = None
+    if len(warm) >= 3:
+        warm_rate = (warm[-1][1] - warm[0][1]) / (warm[-1][2] - warm[0][2])
     return {
         "constructor_s": t1 - t0, "iterator_creation_s": t2 - t1, "time_to_first_batch_s": t3 - t1,
         "steady_batches": n, "steady_samples_per_s": samples / (t5 - t4) if t5 > t4 and samples else None,
+        "warm_samples_per_s": warm_rate, "warm_from_batch": warm_from,
+        # first batch to last, without the PSS sampling pause in between
+        "time_to_last_batch_s": (t5 - t1) - (t4 - t3),
         "pss_increase_mb": (max(pss1, pss2) - pss0) / 2**20, "first_batch_digest": digest, "batch_size": size,
     }
 
@@ -117,7 +129,8 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
 
 
 def run_trials(configs: dict[str, dict], trials: int, timeout: float = 600.0,
-               progress: Callable[[str], None] | None = None, keep_going: bool = False) -> dict[str, list[dict]]:
+               progress: Callable[[str], None] | None = None, keep_going: bool = False,
+               env: dict[str, str] | None = None) -> dict[str, list[dict]]:
     """Run ``trial`` for every configuration, alternated, each in a fresh process.
 
     A failed trial raises, or with ``keep_going`` is recorded as ``{"error": ...}``.
@@ -125,7 +138,7 @@ def run_trials(configs: dict[str, dict], trials: int, timeout: float = 600.0,
     results: dict[str, list[dict]] = {name: [] for name in configs}
     order = alternated(list(configs), trials)
     for i, name in enumerate(order, 1):
-        res = run_scenario(f"{__name__}:trial", configs[name], timeout=timeout)
+        res = run_scenario(f"{__name__}:trial", configs[name], timeout=timeout, env=env)
         if res.status != "ok":
             if not keep_going:
                 raise RuntimeError(f"trial {i} ({name}) failed: {res.details()}")
@@ -137,6 +150,26 @@ def run_trials(configs: dict[str, dict], trials: int, timeout: float = 600.0,
         if progress:
             progress(f"trial {i}/{len(order)} {name}: first batch {res.value['time_to_first_batch_s']:.2f} s")
     return results
+
+
+def derived_startup_threshold(one_worker_s: float, serial_s: float, num_workers: int, cores: int,
+                              share: float = 0.5) -> dict[str, float]:
+    """The speedup parallel start must reach, derived from this machine and workload.
+
+    Serial start makes the first batch wait for N boots one after another:
+    ``serial = F + N*B``; one worker alone gives ``one = F + B``. So the per-worker
+    boot cost is ``B = (serial - one) / (N - 1)`` and the fixed part ``F = one - B``.
+    N concurrent boots on C usable cores finish no sooner than ``F + B*N/min(N, C)``,
+    so the ideal speedup is ``E = serial / (F + B*N/min(N, C))``. The threshold
+    asks for ``share`` (one half) of the ideal gain: ``1 + share*(E - 1)``.
+    On 2 cores with N=4 that is about 1.4x; on 88 cores with N=8 about 4x.
+    """
+    boot = max((serial_s - one_worker_s) / max(num_workers - 1, 1), 0.0)
+    fixed = max(one_worker_s - boot, 0.0)
+    ideal_parallel = fixed + boot * num_workers / max(min(num_workers, cores), 1)
+    ideal = serial_s / ideal_parallel if ideal_parallel > 0 else 1.0
+    return {"boot_s": boot, "fixed_s": fixed, "cores": cores, "ideal_speedup": ideal,
+            "threshold": 1 + share * max(ideal - 1, 0.0)}
 
 
 def assert_startup_speedup(loader: dict, dataset: str, *, num_workers: int, parallelism: int, threshold: float,

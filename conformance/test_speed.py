@@ -1,0 +1,108 @@
+"""Speed clause: parallel start must pay off, and cost nothing afterwards.
+
+One measurement serves the three checks (per loader and context): the
+benchmark's trial (:func:`pytest_workerstart.probes.timing.trial`) on a reduced
+EuroSAT-like set (2,000 JPEGs, a ~100 KB dataset pickle, so serial spawn start
+blocks per worker) in fresh interpreters, alternated pair by pair:
+
+* ``w1``: 1 worker (the boot-cost reference),
+* ``p1``: N workers, serial start,
+* ``pN``: N workers, parallelism N.
+
+All comparisons are ratios of medians measured side by side in this run; the
+startup threshold is derived from the measured boot cost and the usable cores
+(:func:`~pytest_workerstart.probes.timing.derived_startup_threshold`), unless
+``--workerstart-min-speedup`` sets it. Spawn only: the clause is about boots
+that block ``start()``; forkserver with preload makes them cheap. The checks run
+serially (never under xdist) and only in the full profile.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from pytest_workerstart import scenarios
+from pytest_workerstart.probes.timing import derived_startup_threshold, run_trials, summarize
+from pytest_workerstart.reference import usable_cores
+
+check = pytest.mark.workerstart_check
+N = 4
+TRIALS = 3
+PER_CLASS = 200  # 2,000 images
+STEADY_MIN = 0.95
+MEMORY_MAX = 1.10
+_CACHE: dict[tuple, dict] = {}
+
+speed_check = dict(contexts=("spawn",), quick_contexts=("spawn",), serial_only=True, requires=("parallel_start",))
+
+
+def _measure(ws) -> dict:
+    if ws.settings.profile == "quick":
+        pytest.skip("quick profile: speed checks run in the full profile")
+    key = (ws.loader.spec, ws.context_name)
+    if key not in _CACHE:
+        from pytest_workerstart.bench.eurosat import make_dataset
+
+        root, _ = make_dataset(per_class=PER_CLASS)
+        base = {"loader": scenarios.loader_payload(ws.loader), "dataset": "pytest_workerstart.bench.eurosat:EuroSATLike",
+                "dataset_kwargs": {"root": str(root)}, "context": ws.context_name, "max_batches": 40,
+                "loader_kwargs": {"batch_size": 32, "shuffle": True, "prefetch_factor": 2}, "generator_seed": 0}
+        configs = {
+            "w1": {**base, "loader_kwargs": {**base["loader_kwargs"], "num_workers": 1}, "parallelism": None},
+            "p1": {**base, "loader_kwargs": {**base["loader_kwargs"], "num_workers": N}, "parallelism": None},
+            "pN": {**base, "loader_kwargs": {**base["loader_kwargs"], "num_workers": N}, "parallelism": N},
+        }
+        try:
+            raw = run_trials(configs, TRIALS, timeout=300, env=scenarios.child_env())
+        except RuntimeError as exc:
+            _CACHE[key] = {"error": str(exc)}
+        else:
+            _CACHE[key] = {name: {m: [t[m] for t in trials] for m in trials[0]} for name, trials in raw.items()}
+    got = _CACHE[key]
+    if "error" in got:
+        pytest.fail(f"the speed measurement failed: {got['error'][:2000]}", pytrace=False)
+    return got
+
+
+def _median(values) -> float:
+    return statistics.median(v for v in values if v is not None)
+
+
+@check("speed.startup", **speed_check)
+def test_startup(ws):
+    m = _measure(ws)
+    ttfb = {k: m[k]["time_to_first_batch_s"] for k in ("w1", "p1", "pN")}
+    derived = derived_startup_threshold(_median(ttfb["w1"]), _median(ttfb["p1"]), N, usable_cores())
+    threshold = ws.settings.min_speedup or derived["threshold"]
+    speedup = _median(ttfb["p1"]) / _median(ttfb["pN"])
+    paired = statistics.median(a / b for a, b in zip(ttfb["p1"], ttfb["pN"]))
+    source = "--workerstart-min-speedup" if ws.settings.min_speedup else (
+        f"derived: boot {derived['boot_s']:.2f} s/worker, fixed {derived['fixed_s']:.2f} s, "
+        f"{derived['cores']} usable cores, ideal {derived['ideal_speedup']:.2f}x, half the gain")
+    assert speedup >= threshold, (
+        f"time to first batch with p={N} is only {speedup:.2f}x faster than p=1 (paired median {paired:.2f}x), "
+        f"below {threshold:.2f}x ({source}); medians p=1 {_median(ttfb['p1']):.2f} s, p={N} "
+        f"{_median(ttfb['pN']):.2f} s, 1 worker {_median(ttfb['w1']):.2f} s; {TRIALS} trials each")
+
+
+@check("speed.steady_state", **speed_check)
+def test_steady_state(ws):
+    m = _measure(ws)
+    a, b = m["p1"]["steady_samples_per_s"], m["pN"]["steady_samples_per_s"]
+    ratio = _median(b) / _median(a)
+    assert ratio >= STEADY_MIN, (
+        f"steady-state samples/s with p={N} is {ratio:.3f}x that of p=1 (< {STEADY_MIN}): "
+        f"p=1 {summarize(a)}, p={N} {summarize(b)}")
+
+
+@check("speed.memory", **speed_check)
+def test_memory(ws):
+    m = _measure(ws)
+    a, b = m["p1"]["pss_increase_mb"], m["pN"]["pss_increase_mb"]
+    ratio = _median(b) / _median(a)
+    assert ratio <= MEMORY_MAX, (
+        f"process-tree PSS increase with p={N} is {ratio:.3f}x that of p=1 (> {MEMORY_MAX}): "
+        f"p=1 {_median(a):.0f} MiB, p={N} {_median(b):.0f} MiB")
+

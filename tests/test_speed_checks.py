@@ -1,0 +1,43 @@
+"""Speed checks against their broken loaders, under spawn in the full profile.
+
+The reference passes all three; each speed broken loader fails its target
+(``SPEED_CATCHES``) and nothing unrelated. Each run is one shared measurement
+(3 configurations x 3 fresh-process trials), about two minutes on 2 cores.
+"""
+
+import pytest
+
+from pytest_workerstart.fixtures.broken.loaders import SPEED_CATCHES
+
+pytestmark = pytest.mark.slow
+MODULE = "pytest_workerstart.fixtures.broken.loaders"
+SPEED_IDS = ("speed.startup", "speed.steady_state", "speed.memory")
+ARGS = ("--workerstart-context=spawn", "--workerstart-profile=full", "-k", "speed")
+
+
+@pytest.mark.timeout(900)
+def test_reference_passes_every_speed_check(run_suite):
+    verdict = run_suite(*ARGS)
+    for check_id in SPEED_IDS:
+        assert verdict.outcomes(check_id) == ["passed"], (
+            f"{check_id}: {verdict.outcomes(check_id)}\n{verdict.result.stdout.str()[-3000:]}")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", sorted(SPEED_CATCHES))
+def test_speed_broken_loader_is_caught(run_suite, name):
+    target, related = SPEED_CATCHES[name]
+    verdict = run_suite(f"--workerstart-loader={MODULE}:{name}", *ARGS)
+    assert verdict.outcomes(target) == ["failed"], (
+        f"{name}: {target} did not fail: {verdict.outcomes(target)}\n{verdict.result.stdout.str()[-3000:]}")
+    collateral = verdict.failed_ids() - {target} - set(related)
+    assert not collateral, f"{name}: unrelated speed checks failed too: {sorted(collateral)}"
+
+
+def test_speed_checks_skip_in_quick_profile_and_under_xdist(run_suite, monkeypatch):
+    verdict = run_suite("--workerstart-context=spawn", "--workerstart-profile=quick", "-k", "speed")
+    assert all(verdict.outcomes(c) == ["skipped"] for c in SPEED_IDS), verdict.result.stdout.str()[-2000:]
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    verdict = run_suite("--workerstart-context=spawn", "--workerstart-profile=full", "-k", "speed")
+    assert all(verdict.outcomes(c) == ["skipped"] for c in SPEED_IDS), verdict.result.stdout.str()[-2000:]
+    assert "never under xdist" in verdict.result.stdout.str()
