@@ -8,7 +8,7 @@ PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: venv test conformance conformance-quick docs bench clean
+.PHONY: venv test conformance conformance-quick docs bench tox clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -32,6 +32,26 @@ conformance-quick: $(STAMP)
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# The committed benchmark (docs/bench/): dataset, then the three loaders, then
+# the worker-count series with p=N and forkserver preload, then the figures.
+BENCH = $(PY) -m pytest_workerstart.bench
+BENCH_LABEL ?= 2-core VM
+bench: $(STAMP)
+	$(BENCH) --make-dataset
+	$(BENCH) --loader reference torch torchdata --context spawn forkserver --num-workers 1 2 4 8 \
+	    --parallelism 1 cores --trials 3 --max-batches 40 --label "$(BENCH_LABEL)" --json docs/bench/loaders.json
+	$(BENCH) --loader reference --context spawn forkserver+preload --num-workers 1 8 16 \
+	    --parallelism 1 cores N --trials 3 --max-batches 40 --label "$(BENCH_LABEL)" --json docs/bench/scaling.json
+	$(BENCH) plot docs/bench/loaders.json -o docs/bench/loaders.png
+	$(BENCH) plot docs/bench/scaling.json -o docs/bench/scaling.png --workers 8
+	$(BENCH) table docs/bench/loaders.json docs/bench/scaling.json > docs/bench/results.md
+	$(BENCH) targets docs/bench/loaders.json > docs/bench/reference.md
+
+# tox finds the pyenv interpreters through PYENV_VERSION (one shim, several versions).
+ENVS ?= py312-spawn,py313-forkserver
+tox: $(STAMP)
+	PYENV_VERSION=3.11.7:3.10.13:3.12.1:3.13.0 $(VENV)/bin/tox -e $(ENVS)
 
 clean:
 	rm -rf $(VENV) build dist site *.egg-info .tox

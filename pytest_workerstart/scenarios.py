@@ -251,91 +251,26 @@ def scenario_distributed(loader: dict, context: str, world_size: int, num_worker
 
 def _rank_main(rank: int, world_size: int, port: int, loader: dict, context: str, num_workers: int,
                parallelism: int | None, n: int, fail_rank: int | None, pg_timeout: float, outdir: str) -> None:
-    import datetime
     import json
     from pathlib import Path
 
-    import torch.distributed as dist
-    from torch.utils.data.distributed import DistributedSampler
+    from pytest_workerstart import distributed
 
-    from pytest_workerstart.fixtures.datasets import ShardedRange, WorkerTagDataset
-    from pytest_workerstart.probes.context import InstrumentedContext
-    from pytest_workerstart.probes.faults import FaultPlan
-    from pytest_workerstart.probes.leaks import LeakSnapshot
-
-    report: dict[str, Any] = {"rank": rank}
-    out = Path(outdir) / f"rank{rank}.json"
-    try:
-        lut = _setup(loader, context)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=pg_timeout))
-        before = LeakSnapshot.take()
-        faults = FaultPlan.start_error(0) if rank == fail_rank else None
-        ctx = InstrumentedContext(context, num_workers=num_workers, faults=faults)
-        ds = WorkerTagDataset(n)
-        sampler = DistributedSampler(ds, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
-        sampler.set_epoch(0)
-        try:
-            dl = lut.make(ds, num_workers=num_workers, multiprocessing_context=ctx, parallelism=parallelism,
-                          batch_size=2, sampler=sampler)
-            report["map"] = [[int(i), int(w)] for b in dl for i, w in zip(b["index"], b["worker"])]
-            it_ds = ShardedRange(n, rank=rank, world_size=world_size)
-            dl = lut.make(it_ds, num_workers=num_workers, multiprocessing_context=ctx, parallelism=parallelism,
-                          batch_size=None)
-            ctx.begin_generation()
-            report["iterable"] = [int(x) for x in dl]
-            del dl
-        except Exception as exc:  # noqa: BLE001 - the failing rank's outcome
-            report["raised"] = _chain(exc)
-            exc = None
-            dl = None
-        report["peak_concurrent_starts"] = ctx.peak_concurrent_starts()
-        live = LeakSnapshot.wait_clean(before, timeout=10, kinds=("processes", "threads"))
-        report["live_after"] = live.format() if live else ""
-        if rank == fail_rank:
-            out.write_text(json.dumps(report))
-            os._exit(1)  # a failed rank leaves the group without the barrier
-        t1 = time.monotonic()
-        try:
-            dist.barrier()
-            report["barrier"] = "ok"
-        except Exception as exc:  # noqa: BLE001 - a peer that never arrives
-            report["barrier"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        report["barrier_s"] = time.monotonic() - t1
-        ctx.close()
-    except Exception as exc:  # noqa: BLE001 - reported, never a hang
-        report["setup_error"] = _chain(exc)
-    out.write_text(json.dumps(report))
-    os._exit(0)  # skip the process group's atexit teardown, which can block on a dead peer
+    report = distributed.run_rank(rank, world_size, f"tcp://127.0.0.1:{port}", loader, context, num_workers,
+                                  parallelism, n, fail_rank, pg_timeout)
+    (Path(outdir) / f"rank{rank}.json").write_text(json.dumps(report))
+    os._exit(1 if rank == fail_rank else 0)  # skip the group's atexit teardown, which can block on a dead peer
 
 
 def judge_distributed(out: dict, world_size: int, num_workers: int, n: int, fail_rank: int | None,
                       pg_timeout: float) -> None:
-    import collections
+    from pytest_workerstart import distributed
 
     reps = out["reports"]
     missing = [r for r, rep in reps.items() if rep is None]
     assert not missing and not out["hung_ranks"], (
         f"ranks {missing or out['hung_ranks']} gave no report (hung: {out['hung_ranks']}, "
         f"exit codes {out['exitcodes']}, {out['elapsed']:.0f} s)")
-    for r, rep in reps.items():
-        assert "setup_error" not in rep, f"rank {r}: {rep['setup_error']}"
     assert not out["left"], "processes left after every rank exited:\n" + "\n".join(out["left"])
-    if fail_rank is None:
-        for kind, index_of in (("map", lambda e: e[0]), ("iterable", lambda e: e)):
-            counts = collections.Counter(index_of(e) for rep in reps.values() for e in rep.get(kind, []))
-            dup = {k: c for k, c in counts.items() if c > 1}
-            lost = sorted(set(range(n)) - set(counts))
-            factor = sum(counts.values()) / n
-            assert not dup and not lost, (
-                f"{kind} dataset over {world_size} ranks x {num_workers} workers: every index must appear once "
-                f"per epoch: duplication factor {factor:.2f} ({len(dup)} duplicated, {len(lost)} missing)")
-        return
-    bad = reps[str(fail_rank)] if str(fail_rank) in reps else reps[fail_rank]
-    assert bad.get("raised"), f"rank {fail_rank}: a worker start failed but the rank did not raise"
-    assert not bad["live_after"], f"rank {fail_rank} did not clean up after the failed start:\n{bad['live_after']}"
-    for r, rep in reps.items():
-        if int(r) == fail_rank:
-            continue
-        assert rep.get("barrier_s", 0) <= pg_timeout + 30, (
-            f"rank {r} waited {rep.get('barrier_s'):.0f} s for the failed rank (bound {pg_timeout + 30:.0f} s)")
+    problems = distributed.judge(list(reps.values()), world_size, num_workers, n, fail_rank, pg_timeout)
+    assert not problems, "\n".join(problems)

@@ -8,7 +8,7 @@ not related to the defect must not.
 
 import pytest
 
-from pytest_workerstart.fixtures.broken.loaders import CATCHES
+from pytest_workerstart.fixtures.broken.loaders import CATCHES, SPEED_CATCHES
 
 pytestmark = pytest.mark.slow
 MODULE = "pytest_workerstart.fixtures.broken.loaders"
@@ -20,12 +20,13 @@ ALL_IDS = {
     "failure.child_exit_during_start", "failure.child_killed_during_start", "failure.child_hang_during_start",
     "failure.worker_init_error", "failure.retry_after_failure", "failure.interrupt_during_start",
     "failure.driver_killed", "leaks.clean_exit", "persistent.reuse", "prefetch.bound",
-    "sharding.exactly_once", "transfer.shared_memory",
+    "sharding.exactly_once", "transfer.shared_memory", "speed.startup", "speed.steady_state", "speed.memory",
 }
 
 
 def test_every_check_id_has_a_broken_loader():
     caught = {t for targets, _, _ in CATCHES.values() for t in _ids(targets)}
+    caught |= {target for target, _ in SPEED_CATCHES.values()}  # tests/test_speed_checks.py
     assert ALL_IDS - caught == set(), f"check ids no broken loader fails: {sorted(ALL_IDS - caught)}"
 
 

@@ -147,3 +147,36 @@ def test_worker_error_releases_workers_promptly():
     box.clear()
     gc.collect()
     assert time.monotonic() - t0 < 3.0
+
+
+def test_deferred_start_first_batch_does_not_wait_for_later_workers():
+    """p > 1: iter() returns while starts run; batch 0 needs only worker 0."""
+    ctx = InstrumentedContext("forkserver", num_workers=4, faults=FaultPlan.start_delay({3: 3.0}))
+    loader = ParallelStartDataLoader(WorkerTagDataset(16), num_workers=4, multiprocessing_context=ctx,
+                                     worker_start_parallelism=2, batch_size=2)
+    it = iter(loader)
+    first = next(it)
+    assert ctx.records(0)[3].start_end is None, "the first batch waited for the last worker's start"
+    assert first["worker"].tolist() == [0, 0]
+    rest = [b["index"].tolist() for b in it]
+    assert [first["index"].tolist()] + rest == [[i, i + 1] for i in range(0, 16, 2)]
+
+
+def test_serial_start_is_eager_like_torch():
+    ctx = InstrumentedContext("forkserver", num_workers=3)
+    it = iter(ParallelStartDataLoader(WorkerTagDataset(6), num_workers=3, multiprocessing_context=ctx))
+    assert all(r.start_end is not None for r in ctx.records(0)), "p=1 must start every worker before iter() returns"
+    assert len(list(it)) == 6
+
+
+def test_early_break_while_starts_run_leaves_nothing():
+    before = LeakSnapshot.take()
+    ctx = InstrumentedContext("forkserver", num_workers=4, faults=FaultPlan.start_delay({2: 1.0, 3: 2.0}))
+    loader = ParallelStartDataLoader(WorkerTagDataset(16), num_workers=4, multiprocessing_context=ctx,
+                                     worker_start_parallelism=2)
+    it = iter(loader)
+    next(it)
+    del it  # workers 2 and 3 are still starting: they are finished, stopped and joined
+    gc.collect()
+    leaked = LeakSnapshot.wait_clean(before, timeout=15)
+    assert not leaked, leaked.format()

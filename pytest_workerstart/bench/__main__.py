@@ -5,6 +5,8 @@
         --context spawn forkserver --num-workers 1 2 4 8 --parallelism 1 N \\
         --trials 5 --max-batches 100 --json results.json
     python -m pytest_workerstart.bench plot results.json -o fig.png
+    python -m pytest_workerstart.bench table results.json [more.json ...]   # markdown
+    python -m pytest_workerstart.bench targets results.json                 # the reference loader's targets
 
 Exit status: 0 ok; 1 first-batch digests differ, a trial failed, or ``--compare``
 found a regression; 2 usage error.
@@ -80,6 +82,18 @@ def print_table(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["table"], ["targets"]):
+        from pytest_workerstart.bench.report import render
+
+        results = []
+        for path in argv[1:]:
+            with open(path) as f:
+                results.append(json.load(f))
+        if not results:
+            print(f"usage: python -m pytest_workerstart.bench {argv[0]} RESULTS.json [...]", file=sys.stderr)
+            return 2
+        sys.stdout.write(render(argv[0], results))
+        return 0
     if argv[:1] == ["plot"]:
         from pytest_workerstart.bench.plot import plot
 
@@ -118,10 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     print_table(result)
     status = 0
     if not result["digests"]["match"]:
-        print("ERROR: first-batch digests differ between trials:", file=sys.stderr)
+        print("ERROR: first-batch digests differ between trials of the same loader:", file=sys.stderr)
         for name, ds in result["digests"]["per_config"].items():
             print(f"  {name}: {', '.join(d[:16] for d in ds)}", file=sys.stderr)
         status = 1
+    elif not result["digests"]["across_loaders"]:
+        print("WARNING: loaders disagree on the first batch for the same generator (each is self-consistent):",
+              file=sys.stderr)
+        for name, ds in result["digests"]["per_loader"].items():
+            print(f"  {name}: {', '.join(d[:16] for d in ds)}", file=sys.stderr)
     failed = {n: c["errors"] for n, c in result["configs"].items() if c["errors"]}
     if failed:
         print(f"ERROR: failed trials: {failed}", file=sys.stderr)

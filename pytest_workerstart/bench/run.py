@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import os
 import platform
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -156,10 +157,29 @@ def summarize_results(configs: list[Config], raw: dict[str, list[dict]]) -> dict
         # candidate / baseline: < 1 is faster for parallel-vs-serial, >= 1 for workers-vs-one
         out["comparisons"].append({"kind": kind, "baseline": base.name, "candidate": cand.name,
                                    "metric": "time_to_first_batch_s", **_ratio(a, b)})
-    all_digests = set().union(*digests.values()) if digests else set()
-    out["digests"] = {"distinct": sorted(all_digests), "match": len(all_digests) <= 1,
-                      "per_config": {k: sorted(v) for k, v in digests.items()}}
+    out["digests"] = digest_summary(configs, digests)
     return out
+
+
+def digest_summary(configs: list[Config], digests: dict[str, set[str]]) -> dict[str, Any]:
+    """``match``: every trial of each loader gave the same first batch (else exit 1).
+    ``across_loaders``: and all loaders agree (same generator, same sampler
+    contract); a difference there is a finding about a loader, reported loudly."""
+    per_loader: dict[str, set[str]] = {}
+    for c in configs:
+        per_loader.setdefault(c.loader, set()).update(digests[c.name])
+    everything = set().union(*per_loader.values()) if per_loader else set()
+    return {"distinct": sorted(everything), "match": all(len(v) <= 1 for v in per_loader.values()),
+            "across_loaders": len(everything) <= 1, "per_loader": {k: sorted(v) for k, v in per_loader.items()},
+            "per_config": {k: sorted(v) for k, v in digests.items()}}
+
+
+def redo_digests(result: dict[str, Any]) -> None:
+    """Recompute ``result["digests"]`` from its raw trials (for results written by older versions)."""
+    configs = [Config(c["loader"], c["context"], c["num_workers"], c["parallelism"]) for c in result["configs"].values()]
+    digests = {c.name: {t["first_batch_digest"] for t in result["configs"][c.name]["trials"] if "error" not in t}
+               for c in configs}
+    result["digests"] = digest_summary(configs, digests)
 
 
 def run(args, progress) -> dict[str, Any]:
@@ -183,7 +203,7 @@ def run(args, progress) -> dict[str, Any]:
     import pickle
 
     result = {
-        "schema": SCHEMA, "label": args.label, "command": " ".join(["python -m pytest_workerstart.bench", *sys.argv[1:]]),
+        "schema": SCHEMA, "label": args.label, "command": "python -m pytest_workerstart.bench " + shlex.join(sys.argv[1:]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "workload": {"dataset": DATASET, "root": str(root), "tree_sha256": checksum, "images": len(ds),

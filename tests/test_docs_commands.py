@@ -1,0 +1,141 @@
+"""Every command shown in docs/ is exercised.
+
+Commands come from the ``sh`` code blocks of every page. How each kind is
+exercised (a kind without a handler fails this test, so a new command in the
+docs cannot go unchecked):
+
+* ``pytest ...``: run with ``--collect-only`` in a scratch directory, which
+  parses every option, resolves the loader SPEC (placeholder modules of the
+  docs get stubs) and validates capabilities; usage errors would exit 4.
+  Full runs of the same options are the self-tests and ``make conformance``.
+* ``python -m pytest_workerstart.bench``: ``plot``/``table``/``targets`` run for
+  real on the committed results; a benchmark run is parsed by its own parser
+  (``tests/test_bench.py`` runs the harness end to end).
+* ``python -m pytest_workerstart.results_table``: run for real, output compared.
+* ``make T``: ``make -n T``. ``tox -e E``: each E is a configured environment.
+* ``torchrun ... -m pytest_workerstart.distributed``: the ``--standalone`` form
+  runs in ``tests/test_distributed.py``; here every form's arguments parse.
+* ``pip install -c constraints.txt ...``: the constraints file and extras exist.
+"""
+
+import configparser
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+STUBS = {
+    "mypackage/loaders.py": "from pytest_workerstart.reference import ParallelStartDataLoader as MyLoader\n",
+    "myproject/workerstart_adapter.py": (
+        "from pytest_workerstart.reference import ParallelStartDataLoader\n\n\n"
+        "def make(dataset, *, start_parallelism=1, **kwargs):\n"
+        "    return ParallelStartDataLoader(dataset, worker_start_parallelism=start_parallelism, **kwargs)\n\n\n"
+        "make.__workerstart_parallelism_kwarg__ = 'start_parallelism'\n"),
+}
+
+
+def doc_commands():
+    out = []
+    for page in sorted(DOCS.glob("*.md")):
+        for block in re.findall(r"```(?:sh|bash)\n(.*?)```", page.read_text(), flags=re.S):
+            joined = re.sub(r"\\\n\s*", " ", block)
+            for line in joined.splitlines():
+                line = re.sub(r"\s+#\s.*$", "", line).strip()
+                if line and not line.startswith("#"):
+                    out.append((page.name, line))
+    return out
+
+
+COMMANDS = doc_commands()
+
+
+def test_docs_show_commands():
+    assert len(COMMANDS) >= 15, COMMANDS
+
+
+@pytest.mark.parametrize(("page", "command"), COMMANDS, ids=[f"{p}:{c[:60]}" for p, c in COMMANDS])
+def test_command_is_exercised(page, command, tmp_path):
+    redirect = None
+    if " > " in command:
+        command, redirect = (part.strip() for part in command.split(" > ", 1))
+    argv = shlex.split(command)
+    head = argv[0]
+    if head == "pytest":
+        _pytest(argv[1:], tmp_path)
+    elif argv[:3] == ["python", "-m", "pytest_workerstart.bench"]:
+        _bench(argv[3:], tmp_path, redirect)
+    elif argv[:3] == ["python", "-m", "pytest_workerstart.results_table"]:
+        proc = subprocess.run([sys.executable, "-m", "pytest_workerstart.results_table", *argv[3:]], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert redirect and proc.stdout == (ROOT / redirect).read_text(), f"{redirect} is not what the command renders"
+    elif head == "make":
+        proc = subprocess.run(["make", "-n", *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+    elif head == "tox":
+        _tox(argv[1:])
+    elif head == "torchrun":
+        _torchrun(argv[1:])
+    elif argv[:2] == ["pip", "install"]:
+        assert (ROOT / argv[argv.index("-c") + 1]).exists()
+    else:
+        pytest.fail(f"{page}: no handler exercises {command!r}; add one to {__file__}")
+
+
+def _pytest(args, tmp_path):
+    for rel, text in STUBS.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    for a in args:
+        if a.startswith("--workerstart-json="):
+            (tmp_path / a.split("=", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *args],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "ERROR:" not in proc.stderr
+
+
+def _bench(args, tmp_path, redirect):
+    from pytest_workerstart.bench import __main__ as bench
+
+    if args and args[0] in ("plot", "table", "targets"):
+        real = [str(tmp_path / Path(a).name) if a.endswith(".png") else a for a in args]
+        proc = subprocess.run([sys.executable, "-m", "pytest_workerstart.bench", *real], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        if redirect:
+            assert proc.stdout == (ROOT / redirect).read_text(), f"{redirect} is not what the command renders"
+    else:
+        bench.run_parser().parse_args(args)
+
+
+def _tox(args):
+    envs = args[args.index("-e") + 1].split(",")
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "tox.ini")
+    listed = cfg["tox"]["envlist"]
+    expanded = set()
+    for item in re.split(r",\s*(?![^{]*})", listed):
+        parts = re.findall(r"\{([^}]*)\}|([^{}]+)", item.strip())
+        combos = [""]
+        for group, literal in parts:
+            options = group.split(",") if group else [literal]
+            combos = [c + o for c in combos for o in options]
+        expanded.update(combos)
+    assert set(envs) <= expanded, f"not in tox.ini: {set(envs) - expanded}"
+
+
+def _torchrun(args):
+    from pytest_workerstart import distributed
+
+    i = args.index("-m")
+    assert args[i + 1] == "pytest_workerstart.distributed"
+    with pytest.raises(SystemExit) as exc:  # parse, then stop before touching RANK/WORLD_SIZE
+        distributed.main([*args[i + 2:], "--help"])
+    assert exc.value.code == 0
