@@ -324,6 +324,7 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         self._worker_result_queue = ctx.Queue()
         self._workers_done_event = ctx.Event()
         self._pending: _Launcher | None = None
+        self._launches: list | None = None
         parallelism = self._effective_parallelism(loader, method)
         try:
             self._launch(ctx, parallelism)
@@ -393,20 +394,25 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         launch.join()
         failure = launch.failure()
         if failure is None:
+            self._launches = None
             _ti.register_worker_pids(self)  # raises if a worker already died
             return
-        launch = None
-        self._drop_unstarted()
-        self._fail()
+        # The eager path's cleanup seams, so a failure is handled in one place.
+        launches, procs = self._launches, launch.workers
+        launch = self._launches = None
+        self._cleanup_failed_start(launches)  # stop started workers, close every index queue
+        self._workers, self._index_queues, self._workers_status = [], [], []
+        self._fail()  # the shared result queue, pin-memory thread, pid registration
         try:
             raise failure
         finally:
-            _scrub(failure)
-            failure = None
+            self._forget(failure, launches, procs)
+            failure = launches = procs = None
 
     def _halt_starts(self) -> None:
         """Stop deferred starts (in-flight ones finish); forget unstarted workers."""
         launch, self._pending = getattr(self, "_pending", None), None
+        self._launches = None
         if launch is None:
             return
         launch.halt()
@@ -466,6 +472,7 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
             procs.extend(w for _, w in launches)
             if self._defers_start(parallelism):
                 self._pending = _Launcher(procs, parallelism, finished)
+                self._launches = launches  # for _settle's cleanup if a deferred start fails
                 self._pending.begin()
             else:
                 self._start(procs, parallelism, finished)
