@@ -48,10 +48,11 @@ bench: $(STAMP)
 	$(BENCH) table docs/bench/loaders.json docs/bench/scaling.json > docs/bench/results.md
 	$(BENCH) targets docs/bench/loaders.json > docs/bench/reference.md
 
-# tox finds the pyenv interpreters through PYENV_VERSION (one shim, several versions).
+# tox (virtualenv) does not resolve pyenv shims: put each pyenv version's bin/ on PATH.
 ENVS ?= py312-spawn,py313-forkserver
+PYENV_BINS = $(subst $(eval) ,:,$(wildcard $(shell pyenv root 2>/dev/null)/versions/3.1[0-3].*/bin))
 tox: $(STAMP)
-	PYENV_VERSION=3.11.7:3.10.13:3.12.1:3.13.0 $(VENV)/bin/tox -e $(ENVS)
+	PATH="$(PYENV_BINS):$$PATH" $(VENV)/bin/tox -e $(ENVS)
 
 clean:
 	rm -rf $(VENV) build dist site *.egg-info .tox
