@@ -6,8 +6,9 @@
 
 from __future__ import annotations
 
-import statistics
 from typing import Any, Iterable
+
+from pytest_workerstart.probes.timing import paired_ratio
 
 
 def _fmt(s: dict, digits: int = 2) -> str:
@@ -54,16 +55,15 @@ def _get(result: dict, loader: str, ctx: str, workers: int, p: int) -> dict | No
     return result["configs"].get(f"{loader}/{ctx}/w{workers}/p{p}")
 
 
+def _cmp(a: dict | None, b: dict | None, metric: str) -> dict[str, float | None]:
+    """a/b for one metric over two configurations' alternated trials."""
+    if not a or not b:
+        return {"ratio_of_medians": None, "median_pair_ratio": None}
+    return paired_ratio(*([None if "error" in t else t.get(metric) for t in c["trials"]] for c in (a, b)))
+
+
 def _ratio(a: dict | None, b: dict | None, metric: str) -> float | None:
-    if not a or not b or not a["summary"][metric]["n"] or not b["summary"][metric]["n"]:
-        return None
-    return a["summary"][metric]["median"] / b["summary"][metric]["median"]
-
-
-def _pairs(a: dict, b: dict, metric: str) -> float | None:
-    vals = [x[metric] / y[metric] for x, y in zip(a["trials"], b["trials"])
-            if "error" not in x and "error" not in y and x.get(metric) and y.get(metric)]
-    return statistics.median(vals) if vals else None
+    return _cmp(a, b, metric)["ratio_of_medians"]
 
 
 def targets(result: dict, workers: int = 8) -> str:
@@ -81,7 +81,7 @@ def targets(result: dict, workers: int = 8) -> str:
                     if c["loader"] == "reference" and c["context"] == ctx and c["num_workers"] == workers)
         for p in ps:
             cand = _get(result, "reference", ctx, workers, p)
-            cells = [_ratio(cand, one, "time_to_first_batch_s"), _pairs(cand, one, "time_to_first_batch_s") if one else None,
+            cells = [_ratio(cand, one, "time_to_first_batch_s"), _cmp(cand, one, "time_to_first_batch_s")["median_pair_ratio"],
                      _ratio(cand, torch_n, "steady_samples_per_s"), _ratio(cand, torch_n, "warm_samples_per_s"),
                      _ratio(cand, serial, "pss_increase_mb"), _ratio(cand, serial, "time_to_last_batch_s")]
             lines.append(f"| {ctx} | {p} | " + " | ".join("–" if v is None else f"{v:.2f}" for v in cells) + " |")

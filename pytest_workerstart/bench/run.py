@@ -15,12 +15,11 @@ import datetime
 import os
 import platform
 import shlex
-import statistics
 import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from pytest_workerstart.probes.timing import run_trials, summarize
+from pytest_workerstart.probes.timing import paired_ratio, run_trials, summarize
 from pytest_workerstart.reference import usable_cores
 
 DATASET = "pytest_workerstart.bench.eurosat:EuroSATLike"
@@ -116,7 +115,7 @@ def trial_kwargs(cfg: Config, lut_desc: dict, dataset_kwargs: dict, batch_size: 
     }
 
 
-def _pairs(configs: list[Config]) -> list[tuple[Config, Config, str]]:
+def _comparisons(configs: list[Config]) -> list[tuple[Config, Config, str]]:
     """(baseline, candidate, kind): serial vs parallel, and N workers vs 1 worker."""
     out = []
     for c in configs:
@@ -131,15 +130,6 @@ def _pairs(configs: list[Config]) -> list[tuple[Config, Config, str]]:
     return out
 
 
-def _ratio(a: list[float | None], b: list[float | None]) -> dict[str, float | None]:
-    """candidate/baseline: ratio of medians and median of per-pair ratios (trial j with trial j)."""
-    a2 = [x for x in a if x is not None]
-    b2 = [y for y in b if y is not None]
-    pairs = [y / x for x, y in zip(a, b) if x and y is not None]
-    return {"ratio_of_medians": statistics.median(b2) / statistics.median(a2) if a2 and b2 else None,
-            "median_pair_ratio": statistics.median(pairs) if pairs else None}
-
-
 def summarize_results(configs: list[Config], raw: dict[str, list[dict]]) -> dict[str, Any]:
     out: dict[str, Any] = {"configs": {}, "comparisons": []}
     digests: dict[str, set[str]] = {}
@@ -151,12 +141,12 @@ def summarize_results(configs: list[Config], raw: dict[str, list[dict]]) -> dict
             **dataclasses.asdict(c), "trials": trials, "errors": len(trials) - len(ok),
             "summary": {m: summarize([t[m] for t in ok]) for m in METRICS},
         }
-    for base, cand, kind in _pairs(configs):
+    for base, cand, kind in _comparisons(configs):
         a = [t.get("time_to_first_batch_s") for t in raw[base.name]]
         b = [t.get("time_to_first_batch_s") for t in raw[cand.name]]
         # candidate / baseline: < 1 is faster for parallel-vs-serial, >= 1 for workers-vs-one
         out["comparisons"].append({"kind": kind, "baseline": base.name, "candidate": cand.name,
-                                   "metric": "time_to_first_batch_s", **_ratio(a, b)})
+                                   "metric": "time_to_first_batch_s", **paired_ratio(b, a)})
     out["digests"] = digest_summary(configs, digests)
     return out
 
