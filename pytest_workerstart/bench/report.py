@@ -81,7 +81,8 @@ def targets(result: dict, workers: int = 8) -> str:
                     if c["loader"] == "reference" and c["context"] == ctx and c["num_workers"] == workers)
         for p in ps:
             cand = _get(result, "reference", ctx, workers, p)
-            cells = [_ratio(cand, one, "time_to_first_batch_s"), _cmp(cand, one, "time_to_first_batch_s")["median_pair_ratio"],
+            first = _cmp(cand, one, "time_to_first_batch_s")
+            cells = [first["ratio_of_medians"], first["median_pair_ratio"],
                      _ratio(cand, torch_n, "steady_samples_per_s"), _ratio(cand, torch_n, "warm_samples_per_s"),
                      _ratio(cand, serial, "pss_increase_mb"), _ratio(cand, serial, "time_to_last_batch_s")]
             lines.append(f"| {ctx} | {p} | " + " | ".join("–" if v is None else f"{v:.2f}" for v in cells) + " |")
