@@ -21,8 +21,7 @@ import multiprocessing
 import re
 from typing import Any, Callable, Mapping
 
-#: Every context name the suite knows about.
-KNOWN_CONTEXTS = ("spawn", "forkserver", "fork")
+from pytest_workerstart.settings import KNOWN_CONTEXTS
 
 #: Capability name -> (kind, default, description). ``contexts`` values are
 #: comma-separated lists of context names; ``bool`` values are true/false.
@@ -262,13 +261,3 @@ def available_contexts() -> tuple[str, ...]:
     """Contexts this platform offers, in the suite's canonical order."""
     have = set(multiprocessing.get_all_start_methods())
     return tuple(c for c in KNOWN_CONTEXTS if c in have)
-
-
-def parse_contexts(value: str) -> tuple[str, ...]:
-    names = tuple(v.strip() for v in value.split(",") if v.strip())
-    if not names:
-        raise SpecError("--workerstart-context: give at least one of spawn, forkserver, fork")
-    for name in names:
-        if name not in KNOWN_CONTEXTS:
-            raise SpecError(f"unknown context {name!r} in --workerstart-context: choose from {', '.join(KNOWN_CONTEXTS)}")
-    return names

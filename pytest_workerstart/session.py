@@ -8,11 +8,8 @@ the expected-failure file, and reports: header, per-check table, JSON verdict.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import platform
-import re
 import time
 import warnings
 from pathlib import Path
@@ -21,7 +18,8 @@ from typing import Any
 import pytest
 
 from pytest_workerstart import protocol
-from pytest_workerstart.plugin import resolve_loader_spec
+from pytest_workerstart.settings import Settings
+from pytest_workerstart.verdict import OUTCOMES, Verdict, parse_nodeid
 
 SUITE_DIR = Path(__file__).resolve().parent / "conformance"
 if not SUITE_DIR.is_dir():  # running from a source checkout (editable install)
@@ -29,103 +27,45 @@ if not SUITE_DIR.is_dir():  # running from a source checkout (editable install)
 
 #: Per-check hard limit (pytest-timeout) unless the check sets its own.
 CHECK_TIMEOUT_S = 300
-OUTCOMES = ("passed", "failed", "skipped", "xfailed", "error")
-_XFAIL_LINE = re.compile(r"^(?P<id>[a-z_]+\.[a-z_]+)(\[(?P<ctx>[a-z]+)\])?\s*:\s*(?P<reason>.*)$")
-
-
-@dataclasses.dataclass
-class Settings:
-    """Resolved ``--workerstart-*`` options, available to checks as ``ws.settings``."""
-
-    contexts: tuple[str, ...]
-    profile: str = "full"
-    strict: bool = False
-    min_speedup: float | None = None
-    driver_death_timeout: float = 15.0
-    json_path: Path | None = None
-    xfails: dict[tuple[str, str | None], str] = dataclasses.field(default_factory=dict)
-
-
-def _usage(msg: str) -> pytest.UsageError:
-    return pytest.UsageError(msg)
-
-
-def _parse_xfail_file(path: str) -> dict[tuple[str, str | None], str]:
-    p = Path(path)
-    if not p.is_file():
-        raise _usage(f"--workerstart-xfail: no such file {path!r}")
-    entries: dict[tuple[str, str | None], str] = {}
-    for lineno, raw in enumerate(p.read_text().splitlines(), 1):
-        line = raw.split("#", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
-        if not line:
-            continue
-        m = _XFAIL_LINE.match(line)
-        if not m:
-            raise _usage(f"{path}:{lineno}: expected 'check.id[context]: reason', got {raw.strip()!r}")
-        if not m["reason"].strip():
-            raise _usage(f"{path}:{lineno}: expected failure of {m['id']} needs a reason")
-        entries[(m["id"], m["ctx"])] = m["reason"].strip()
-    return entries
-
-
-def _check_json_path(path: str) -> Path:
-    p = Path(path).expanduser().resolve()
-    parent = p.parent
-    if not parent.is_dir():
-        raise _usage(f"--workerstart-json: directory {str(parent)!r} does not exist")
-    if (p.exists() and not os.access(p, os.W_OK)) or not os.access(parent, os.W_OK):
-        raise _usage(f"--workerstart-json: {str(p)!r} is not writable")
-    if p.is_dir():
-        raise _usage(f"--workerstart-json: {str(p)!r} is a directory")
-    return p
 
 
 class WorkerstartSession:
-    def __init__(self, config: pytest.Config, loader: protocol.LoaderUnderTest, settings: Settings):
+    """The state of one ``--workerstart`` run, registered as a plugin."""
+
+    def __init__(self, config: pytest.Config, loader: protocol.LoaderUnderTest, settings: Settings,
+                 contexts: tuple[str, ...]):
         self.config = config
         self.loader = loader
         self.settings = settings
-        self.results: dict[str, dict[str, Any]] = {}
+        self.contexts = contexts
+        self.verdict = Verdict(loader.describe(), self._settings_record())
         self._matched_xfails: set[tuple[str, str | None]] = set()
         self._started = time.monotonic()
 
     # --- configuration -----------------------------------------------------
     @classmethod
-    def from_config(cls, config: pytest.Config) -> "WorkerstartSession":
-        opt = config.getoption
+    def from_config(cls, config: pytest.Config, settings: Settings) -> "WorkerstartSession":
         try:
             overrides: dict[str, Any] = {}
-            for item in list(config.getini("workerstart_capabilities")) + list(opt("workerstart_capability")):
+            for item in settings.capability:
                 name, value = protocol.parse_capability(item)
                 overrides[name] = value
-            ctx_value = opt("workerstart_context") or config.getini("workerstart_context")
-            contexts = protocol.parse_contexts(ctx_value) if ctx_value else protocol.available_contexts()
-            loader = protocol.resolve(resolve_loader_spec(config), opt("workerstart_parallelism_kwarg"), overrides)
+            contexts = settings.context or protocol.available_contexts()
+            loader = protocol.resolve(settings.loader, settings.parallelism_kwarg, overrides)
         except protocol.SpecError as exc:
-            raise _usage(str(exc)) from None
-        profile = opt("workerstart_profile") or config.getini("workerstart_profile") or "full"
-        if profile not in ("quick", "full"):
-            raise _usage(f"workerstart_profile: expected quick or full, got {profile!r}")
-        strict = opt("workerstart_strict")
-        if strict is None:
-            strict = bool(config.getini("workerstart_strict"))
-        ddt = opt("workerstart_driver_death_timeout")
-        if ddt is None:
-            ddt = float(config.getini("workerstart_driver_death_timeout") or 15.0)
-        settings = Settings(
-            contexts=contexts,
-            profile=profile,
-            strict=strict,
-            min_speedup=opt("workerstart_min_speedup"),
-            driver_death_timeout=ddt,
-            json_path=_check_json_path(opt("workerstart_json")) if opt("workerstart_json") else None,
-            xfails=_parse_xfail_file(opt("workerstart_xfail")) if opt("workerstart_xfail") else {},
-        )
+            raise pytest.UsageError(str(exc)) from None
         # torch warns when num_workers exceeds the cores; the suite does that on purpose.
         config.addinivalue_line("filterwarnings", "ignore:This DataLoader will create:UserWarning")
-        self = cls(config, loader, settings)
+        self = cls(config, loader, settings, contexts)
         self._add_suite_path()
         return self
+
+    def _settings_record(self) -> dict[str, Any]:
+        record = self.settings.for_verdict()
+        record["parallelism_kwarg"] = self.loader.parallelism_kwarg
+        record["contexts_requested"] = list(self.contexts)
+        record["parallel_start"] = list(self.loader.parallel_contexts())
+        return record
 
     def _add_suite_path(self) -> None:
         cfg = self.config
@@ -141,12 +81,19 @@ class WorkerstartSession:
             return
         check_id = marker.args[0]
         only = marker.kwargs.get("contexts")
-        contexts = [c for c in self.settings.contexts if only is None or c in only]
+        contexts = [c for c in self.contexts if only is None or c in only]
         if self.settings.profile == "quick":
             # forkserver (with preload) unless the clause says it is about spawn too
             wanted = marker.kwargs.get("quick_contexts", ("forkserver",))
             quick = [c for c in contexts if c in wanted]
             contexts = quick or contexts[:1]
+        if not contexts:
+            # An empty parameter set would become pytest's NOTSET: say why instead.
+            reason = (f"{check_id} runs only in {', '.join(only)}, which is not among the selected contexts "
+                      f"({', '.join(self.contexts)})")
+            metafunc.parametrize("ws_context", [pytest.param(None, marks=pytest.mark.skip(reason=reason))],
+                                 ids=[f"{check_id}-none"])
+            return
         metafunc.parametrize("ws_context", contexts, ids=[f"{check_id}-{c}" for c in contexts])
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -183,11 +130,31 @@ class WorkerstartSession:
                     item.add_marker(pytest.mark.xfail(reason=self.settings.xfails[key], strict=True))
                     break
 
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            marker = item.get_closest_marker("workerstart_check")
+            if marker is not None:
+                params = item.callspec.params if hasattr(item, "callspec") else {}
+                self.verdict.deselect(item.nodeid, marker.args[0], params.get("ws_context"))
+
     def pytest_collection_finish(self, session: pytest.Session) -> None:
+        for item in session.items:
+            marker = item.get_closest_marker("workerstart_check")
+            if marker is not None:
+                params = item.callspec.params if hasattr(item, "callspec") else {}
+                self.verdict.select(item.nodeid, marker.args[0], params.get("ws_context"))
         for key in self.settings.xfails.keys() - self._matched_xfails:
             check, ctx = key
             name = f"{check}[{ctx}]" if ctx else check
             warnings.warn(pytest.PytestConfigWarning(f"--workerstart-xfail entry {name!r} matches no collected check"))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
+        """Under xdist the controller never sees items: select from the node ids."""
+        for nodeid in ids:
+            parsed = parse_nodeid(nodeid)
+            if parsed is not None:
+                self.verdict.select(nodeid, *parsed)
 
     # --- fixtures available to the checks ----------------------------------
     @pytest.fixture
@@ -204,7 +171,7 @@ class WorkerstartSession:
         return [
             f"workerstart: loader {self.loader.spec} = {self.loader.qualname} {self.loader.version}",
             f"workerstart: parallelism kwarg {self.loader.parallelism_kwarg or 'none'}; capabilities {caps}",
-            f"workerstart: contexts {','.join(self.settings.contexts)}; profile {self.settings.profile}"
+            f"workerstart: contexts {','.join(self.contexts)}; profile {self.settings.profile}"
             f"{'; strict' if self.settings.strict else ''}",
         ]
 
@@ -213,109 +180,77 @@ class WorkerstartSession:
         check_id = props.get("workerstart_check")
         if check_id is None:
             return
-        entry = self.results.setdefault(report.nodeid, {
-            "id": check_id, "context": None, "outcome": "passed", "reason": "", "duration_s": 0.0,
-            "nodeid": report.nodeid,
-        })
-        entry["context"] = props.get("workerstart_context")
-        entry["duration_s"] = round(entry["duration_s"] + report.duration, 3)
-        if hasattr(report, "wasxfail"):
-            if report.skipped:
-                entry["outcome"], entry["reason"] = "xfailed", report.wasxfail
-            elif report.failed:  # strict XPASS
-                entry["outcome"], entry["reason"] = "failed", f"[XPASS(strict)] {report.wasxfail}"
-            return
-        if report.skipped and entry["outcome"] == "passed":
-            entry["outcome"] = "skipped"
-            entry["reason"] = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-            entry["reason"] = entry["reason"].removeprefix("Skipped: ")
-        elif report.failed:
-            entry["outcome"] = "failed" if report.when == "call" else "error"
-            entry["reason"] = _one_line(report)
+        rec = self.verdict.apply(report, check_id, props.get("workerstart_context"))
+        if rec.state == "finished":
+            self._write(final=False)
+
+    def _write(self, *, final: bool, exitstatus: int | None = None) -> None:
+        if self.settings.json_path is not None:
+            self.verdict.write(self.settings.json_path, exitstatus=exitstatus,
+                               duration_s=time.monotonic() - self._started, final=final)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config) -> None:
         tr = terminalreporter
-        if not self.results:
+        if config.option.collectonly:
+            return
+        records = list(self.verdict.records.values())
+        if not records:
             tr.write_sep("=", "workerstart: no conformance check ran", red=True)
             return
-        contexts = [c for c in protocol.KNOWN_CONTEXTS if any(r["context"] == c for r in self.results.values())]
+        contexts = [c for c in protocol.KNOWN_CONTEXTS if any(r.context == c for r in records)]
+        contexts += ["-"] if any(r.context is None for r in records) else []
         table: dict[str, dict[str, list[str]]] = {}
-        for r in self.results.values():
-            table.setdefault(r["id"], {}).setdefault(r["context"] or "-", []).append(r["outcome"])
+        for r in records:
+            shown = r.outcome if r.state == "finished" else "not run"
+            table.setdefault(r.id, {}).setdefault(r.context or "-", []).append(shown)
         tr.write_sep("=", f"workerstart verdict: {self.loader.spec} ({self.loader.qualname} {self.loader.version})")
         width = max(len(k) for k in table) + 2
         tr.write_line("check".ljust(width) + "".join(c.ljust(12) for c in contexts))
         for check_id in sorted(table):
-            cells = []
-            for c in contexts:
-                outs = table[check_id].get(c, [])
-                cells.append(_cell(outs).ljust(12))
+            cells = [_cell(table[check_id].get(c, [])).ljust(12) for c in contexts]
             tr.write_line(check_id.ljust(width) + "".join(cells))
-        counts = self.summary()
+        counts = self.verdict.summary()
         tr.write_line("")
-        tr.write_line("workerstart: " + ", ".join(f"{counts[o]} {o}" for o in OUTCOMES))
+        tr.write_line("workerstart: " + ", ".join(f"{counts[o]} {o}" for o in OUTCOMES)
+                      + (f", {counts['not_run']} not run" if counts["not_run"] else ""))
         reasons: dict[str, int] = {}
-        for r in self.results.values():
-            if r["outcome"] == "skipped":
-                reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
+        for r in records:
+            if r.state == "finished" and r.outcome == "skipped":
+                reasons[r.reason] = reasons.get(r.reason, 0) + 1
         for reason, n in sorted(reasons.items()):
             tr.write_line(f"  skipped {n}x: {reason}")
+        if counts["not_run"]:
+            why = self.verdict.not_run_reason or f"the session ended first (exit status {int(exitstatus)})"
+            tr.write_line(f"workerstart: INCOMPLETE: {counts['not_run']} selected check(s) did not finish: {why}",
+                          red=True)
         if counts["passed"] == 0:
             tr.write_line("workerstart: WARNING: no check passed; this verdict covers nothing", red=True)
 
     def summary(self) -> dict[str, int]:
-        counts = dict.fromkeys(OUTCOMES, 0)
-        for r in self.results.values():
-            counts[r["outcome"]] += 1
-        return counts
+        return self.verdict.summary()
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Start the guard that cleans up if pytest itself is killed."""
+        from pytest_workerstart.probes import reaper
+
+        reaper.start_guard()
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus) -> None:
         from pytest_workerstart.probes import reaper
 
         reaper.reap_session()
-        if self.settings.json_path is None:
-            return
-        verdict = {
-            "loader": self.loader.describe(),
-            "machine": machine_description(),
-            "settings": {"contexts": list(self.settings.contexts), "profile": self.settings.profile,
-                         "strict": self.settings.strict},
-            "checks": [{k: r[k] for k in ("id", "context", "outcome", "reason", "duration_s", "nodeid")}
-                       for r in self.results.values()],
-            "summary": self.summary(),
-            "duration_s": round(time.monotonic() - self._started, 3),
-        }
-        self.settings.json_path.write_text(json.dumps(verdict, indent=2, sort_keys=False) + "\n")
+        self._write(final=True, exitstatus=int(exitstatus))
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        from pytest_workerstart.probes import reaper
+
+        reaper.stop_guard()
 
 
 def _cell(outcomes: list[str]) -> str:
     if not outcomes:
         return ""
-    order = ("error", "failed", "xfailed", "passed", "skipped")
+    order = ("error", "failed", "not run", "xfailed", "passed", "skipped")
     worst = next(o for o in order if o in outcomes)
     n = outcomes.count(worst)
     return worst if len(outcomes) == 1 else f"{worst} {n}/{len(outcomes)}"
-
-
-def _one_line(report: pytest.TestReport) -> str:
-    crash = getattr(report.longrepr, "reprcrash", None)
-    text = crash.message if crash is not None else str(report.longrepr)
-    return text.strip().splitlines()[0][:500] if text.strip() else "failed"
-
-
-def machine_description() -> dict[str, Any]:
-    import multiprocessing
-
-    info: dict[str, Any] = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": multiprocessing.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-    }
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-    except ImportError:
-        info["torch"] = None
-    return info

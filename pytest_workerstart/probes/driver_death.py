@@ -4,9 +4,12 @@ The scenario process (own session) builds the loader and reports readiness;
 the parent walks its process tree *before* the kill (pids plus create times,
 so a reused pid is never mistaken for a survivor), kills it with SIGKILL or
 lets it ``os._exit(0)``, then polls until every recorded process, and every
-later member of its session, is gone, or the bound passes. ``/dev/shm``
-entries created meanwhile must be gone too. Survivors are listed with pid,
-cmdline and age, then killed; leftover shm entries are unlinked.
+later member of its session, is gone, or the bound passes. The ``/dev/shm``
+entries that tree mapped or held open at the kill (see
+:func:`~pytest_workerstart.probes.leaks.attributed_shm`) must be gone too.
+Survivors are listed with pid, cmdline and age, then killed; of the leftover
+shm entries only those attributed to the tree are unlinked, never another
+job's.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from pathlib import Path
 import psutil
 
 from pytest_workerstart.probes import reaper
-from pytest_workerstart.probes.leaks import SHM_PATTERN, ProcInfo, kill_tree
-from pytest_workerstart.probes.scenario import kill_session, session_members
+from pytest_workerstart.probes.leaks import ProcInfo, attributed_shm, kill_tree
+from pytest_workerstart.probes.reaper import kill_session, session_members
 
 
 @dataclasses.dataclass
@@ -48,11 +51,8 @@ class DriverDeathResult:
         return "\n".join(lines) or "  (nothing left)"
 
 
-def _shm() -> set[str]:
-    try:
-        return {n for n in os.listdir("/dev/shm") if SHM_PATTERN.match(n)}
-    except FileNotFoundError:
-        return set()
+def _existing(names: set[str]) -> list[str]:
+    return sorted(n for n in names if os.path.exists(f"/dev/shm/{n}"))
 
 
 def _alive(info: ProcInfo) -> bool:
@@ -81,13 +81,13 @@ def run_driver_death(target: str, kwargs: dict, *, exit_mode: str, bound: float 
     request = workdir / "request.json"
     request.write_text(json.dumps({"target": target, "result": str(workdir / "result.json"),
                                    "kwargs": {**kwargs, "ready_path": str(ready), "go_path": str(go)}}))
-    shm_before = _shm()
+    ours: set[str] = set()  # /dev/shm entries attributed to the scenario's tree
     err = open(workdir / "stderr.txt", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "pytest_workerstart.probes.scenario", str(request)],
                             stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
                             env={**os.environ, **(env or {})})
     err.close()
-    reaper.register_session(proc.pid)
+    leader_ctime = reaper.register_session(proc.pid)
     recorded: list[ProcInfo] = []
     try:
         deadline = time.monotonic() + ready_timeout
@@ -108,8 +108,9 @@ def run_driver_death(target: str, kwargs: dict, *, exit_mode: str, bound: float 
             tree += tree[0].children(recursive=True)
         except psutil.Error:
             pass
-        tree += [p for p in session_members(proc.pid) if p.pid not in {t.pid for t in tree}]
+        tree += [p for p in session_members(proc.pid, leader_ctime) if p.pid not in {t.pid for t in tree}]
         recorded += [i for i in (_info(p) for p in tree) if i is not None]
+        ours |= attributed_shm(i.pid for i in recorded)
         killed_at = time.monotonic()
         if exit_mode == "sigkill":
             os.kill(proc.pid, signal.SIGKILL)
@@ -119,11 +120,12 @@ def run_driver_death(target: str, kwargs: dict, *, exit_mode: str, bound: float 
         survivors: list[ProcInfo] = []
         gone_after = None
         while True:
-            late = [i for i in (_info(p) for p in session_members(proc.pid)) if i is not None]
+            late = [i for i in (_info(p) for p in session_members(proc.pid, leader_ctime)) if i is not None]
             known = {(i.pid, i.create_time) for i in recorded}
             recorded += [i for i in late if (i.pid, i.create_time) not in known]
             survivors = [i for i in recorded if i.pid != proc.pid and _alive(i)]
-            shm_left = sorted(_shm() - shm_before)
+            ours |= attributed_shm(i.pid for i in survivors)
+            shm_left = _existing(ours)
             if not survivors and not shm_left:
                 gone_after = time.monotonic() - killed_at
                 break
@@ -137,12 +139,12 @@ def run_driver_death(target: str, kwargs: dict, *, exit_mode: str, bound: float 
         return result
     finally:
         kill_tree([i for i in recorded if i.pid != proc.pid])
-        kill_session(proc.pid)
+        kill_session(proc.pid, leader_ctime=leader_ctime)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         reaper.unregister_session(proc.pid)
-        for name in sorted(_shm() - shm_before):
+        for name in _existing(ours):
             try:
                 os.unlink(f"/dev/shm/{name}")
             except OSError:

@@ -1,9 +1,16 @@
 """Leak snapshots: take one before, diff after, poll with patience.
 
 Covers descendant processes (psutil, recursive; zombies included), Python
-threads, open fds (classified), ``/dev/shm`` entries created meanwhile, and
-multiprocessing's ``_dangling`` processes. The resource tracker and forkserver
-are long-lived helpers shared by every loader, so they are excluded by name.
+threads, open fds (classified), ``/dev/shm`` entries, and multiprocessing's
+``_dangling`` processes. The resource tracker and forkserver are long-lived
+helpers shared by every loader, so they are excluded by name.
+
+Attribution: only what belongs to the tree under test counts. Processes are
+this process's descendants, keyed by (pid, create time). A ``/dev/shm`` entry
+(named semaphore, torch or POSIX shared memory) is ours only while a process
+of that tree maps it (``/proc/PID/maps``) or holds it open (``/proc/PID/fd``):
+entries of other jobs on the machine, even ones created meanwhile, are never
+counted, and nothing here ever unlinks one.
 
 ``wait_clean`` polls until the diff is empty or ``timeout`` passes (as loky and
 CPython's ``test.support`` do) so slow-but-correct teardown is not a false alarm.
@@ -25,6 +32,7 @@ HELPER_MARKERS = (
     "multiprocessing.resource_tracker",
     "multiprocessing.forkserver",
     "multiprocessing.semaphore_tracker",
+    "pytest_workerstart.probes.reaper",  # the guard (see probes/reaper.py)
 )
 SHM_PATTERN = re.compile(r"^(sem\.mp-|torch_|psm_|wnsm_|mp-)")
 
@@ -61,6 +69,62 @@ def helper_fds() -> set[int]:
     except Exception:
         pass
     return fds
+
+
+def _shm_inodes_of(pid: int | str) -> set[int]:
+    """Inodes of ``/dev/shm`` files that process ``pid`` maps or holds open.
+
+    Inodes, not names: glibc's ``sem_open`` maps a temporary file and then
+    links it to the final name, so maps shows ``sem.XXXXXX (deleted)`` for a
+    semaphore that lives on as ``sem.mp-...``; the inode is the same.
+    """
+    inodes: set[int] = set()
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith(b"/dev/shm/"):
+                    inodes.add(int(parts[4]))
+    except (OSError, ValueError):
+        pass
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        fds = []
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/"):
+                inodes.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
+        except OSError:
+            continue
+    return inodes
+
+
+def attributed_shm(pids: Iterable[int | str]) -> set[str]:
+    """Existing ``/dev/shm`` entries that any of ``pids`` maps or holds open.
+
+    An entry mapped but already unlinked (torch's file_descriptor strategy
+    unlinks at once) is no /dev/shm entry and is not returned.
+    """
+    inodes: set[int] = set()
+    for pid in pids:
+        inodes |= _shm_inodes_of(pid)
+    if not inodes:
+        return set()
+    names = set()
+    try:
+        entries = os.listdir("/dev/shm")
+    except FileNotFoundError:
+        return set()
+    for name in entries:
+        if not SHM_PATTERN.match(name):
+            continue
+        try:
+            if os.stat(f"/dev/shm/{name}").st_ino in inodes:
+                names.add(name)
+        except OSError:
+            continue
+    return names
 
 
 def _fd_kind(target: str) -> str:
@@ -101,7 +165,9 @@ class LeakSnapshot:
             gc.collect()
         me = psutil.Process()
         procs: dict[tuple[int, float], ProcInfo] = {}
+        tree = [me.pid]
         for child in me.children(recursive=True):
+            tree.append(child.pid)
             try:
                 if _is_helper(child):
                     continue
@@ -123,10 +189,7 @@ class LeakSnapshot:
                     pass  # closed while listing (or the listing fd itself)
         except FileNotFoundError:  # not Linux
             pass
-        try:
-            shm = {n for n in os.listdir("/dev/shm") if SHM_PATTERN.match(n)}
-        except FileNotFoundError:
-            shm = set()
+        shm = attributed_shm(tree)
         dangling = set()
         try:
             from multiprocessing import process as _mp_process

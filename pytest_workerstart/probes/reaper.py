@@ -1,57 +1,155 @@
-"""Make sure ``pytest --workerstart`` leaves no process behind, even after Ctrl-C.
+"""Nothing the suite started outlives it, and nothing else is ever killed.
 
-Scenario processes run in their own sessions and register here; checks that
-run loaders in-process leave descendants of pytest itself. At session end (and
-at interpreter exit, which still runs after KeyboardInterrupt) every registered
-session and every non-helper descendant is killed. The resource tracker is
-spared: it exits by itself once pytest is gone and unlinks what is left.
+Three layers:
+
+* :func:`kill_session` / :func:`kill_and_wait`: the kill helpers every runner
+  uses. A scenario runs in its own session; its members are found by session
+  id, and a session id whose leader pid was reused by another process (the
+  leader's create time differs) is not ours.
+* :func:`reap_session`: at session end (and at interpreter exit, which still
+  runs after KeyboardInterrupt) every registered scenario session and every
+  non-helper descendant of pytest is killed.
+* The guard (:func:`start_guard`): a small process in a session of its own
+  that watches pytest (pidfd, else polling). While pytest lives it records
+  pytest's descendants (pid + create time) and the scenario sessions among
+  them; when pytest dies, whether by SIGTERM, SIGKILL or a crash, it kills
+  what it recorded and is still the same process, then exits. This covers
+  what no code in a dead pytest can.
+
+The resource tracker is always killed last, after a grace period: once every
+holder of its pipe is gone it unlinks the semaphores they leaked, which a
+SIGKILLed tracker would leave in ``/dev/shm``.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import os
+import select
 import signal
+import subprocess
+import sys
 import threading
+import time
 
 import psutil
 
+TRACKER_MARKER = "multiprocessing.resource_tracker"
+GUARD_MARKER = "pytest_workerstart.probes.reaper"
+
 _lock = threading.Lock()
-_sessions: set[int] = set()
+_sessions: dict[int, float | None] = {}  # sid -> leader create time
 _installed = False
+_guard: subprocess.Popen | None = None
 
 
-def register_session(sid: int) -> None:
+# --- kill helpers ----------------------------------------------------------------
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def session_members(sid: int, leader_ctime: float | None = None) -> list[psutil.Process]:
+    """Live processes of session ``sid`` (Linux), never this process.
+
+    With ``leader_ctime``: if pid ``sid`` now belongs to a newer process, the
+    session id was reused; only members older than that process are ours.
+    """
+    newer_than = None
+    if leader_ctime is not None:
+        now = _create_time(sid)
+        if now is not None and abs(now - leader_ctime) > 0.01:
+            newer_than = now
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid == os.getpid() or os.getsid(p.pid) != sid:
+                continue
+            if newer_than is not None and p.create_time() >= newer_than:
+                continue
+            out.append(p)
+        except (OSError, psutil.Error):
+            continue
+    return out
+
+
+def kill_and_wait(procs: list[psutil.Process], timeout: float = 5.0) -> None:
+    """SIGKILL ``procs`` (already-gone ones are fine) and reap what we can."""
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=timeout)
+
+
+def _is_tracker(p: psutil.Process) -> bool:
+    try:
+        return TRACKER_MARKER in " ".join(p.cmdline())
+    except psutil.Error:
+        return False
+
+
+def kill_trackers_last(procs: list[psutil.Process], timeout: float = 5.0) -> None:
+    """Kill ``procs``; resource trackers get ``timeout`` to exit by themselves first."""
+    trackers = [p for p in procs if _is_tracker(p)]
+    kill_and_wait([p for p in procs if p not in trackers], timeout)
+    _, alive = psutil.wait_procs(trackers, timeout=timeout)
+    kill_and_wait(alive, timeout)
+
+
+def kill_session(sid: int, timeout: float = 5.0, leader_ctime: float | None = None) -> list[str]:
+    """Kill every process of session ``sid``; return a line per victim."""
+    members = session_members(sid, leader_ctime)
+    lines = []
+    for p in members:
+        try:
+            lines.append(f"pid {p.pid} {' '.join(p.cmdline())[:160]}")
+        except psutil.Error:
+            continue
+    kill_trackers_last(members, timeout)
+    return lines
+
+
+# --- session end -------------------------------------------------------------------
+
+
+def register_session(sid: int) -> float | None:
+    """Remember scenario session ``sid`` until it is unregistered; returns its leader's create time."""
     global _installed
+    ctime = _create_time(sid)
     with _lock:
-        _sessions.add(sid)
+        _sessions[sid] = ctime
         if not _installed:
             atexit.register(reap_session)
             _installed = True
+    return ctime
 
 
 def unregister_session(sid: int) -> None:
     with _lock:
-        _sessions.discard(sid)
+        _sessions.pop(sid, None)
 
 
 def reap_session(timeout: float = 5.0) -> list[str]:
     """Kill registered scenario sessions and pytest's own worker descendants."""
-    from pytest_workerstart.probes.scenario import kill_and_wait, kill_session
-
     lines: list[str] = []
     with _lock:
-        sids = list(_sessions)
+        sids = list(_sessions.items())
         _sessions.clear()
-    for sid in sids:
-        lines += kill_session(sid, timeout)
+    for sid, ctime in sids:
+        lines += kill_session(sid, timeout, ctime)
+    guard = _guard.pid if _guard is not None else None
     victims = []
     for child in psutil.Process().children(recursive=True):
         try:
             cmd = " ".join(child.cmdline())
-            if "multiprocessing.resource_tracker" in cmd:
-                continue
-            if child.status() == psutil.STATUS_ZOMBIE:
+            if TRACKER_MARKER in cmd or child.pid == guard or child.status() == psutil.STATUS_ZOMBIE:
                 continue
             lines.append(f"pid {child.pid} {cmd[:160]}")
             victims.append(child)
@@ -74,3 +172,74 @@ def _sigchld_ignored():
         yield
     finally:
         signal.signal(signal.SIGCHLD, old)
+
+
+# --- the guard -------------------------------------------------------------------------
+
+
+def start_guard() -> subprocess.Popen:
+    """Start (once per process) the guard that cleans up if this process dies."""
+    global _guard
+    if _guard is None or _guard.poll() is not None:
+        me = psutil.Process()
+        _guard = subprocess.Popen([sys.executable, "-m", GUARD_MARKER, str(me.pid), repr(me.create_time())],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True, close_fds=True)
+    return _guard
+
+
+def stop_guard() -> None:
+    global _guard
+    guard, _guard = _guard, None
+    if guard is not None and guard.poll() is None:
+        guard.terminate()
+        try:
+            guard.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            guard.kill()
+            guard.wait()
+
+
+def _guard_main(pid: int, ctime: float, interval: float = 0.5) -> int:
+    """Record ``pid``'s descendants until it dies, then kill what is left of them."""
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # pytest ended normally and stopped us
+    try:
+        watched = psutil.Process(pid)
+        if abs(watched.create_time() - ctime) > 0.01:
+            return 0
+    except psutil.Error:
+        return 0
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    known: dict[tuple[int, float], psutil.Process] = {}
+    sessions: dict[int, float] = {}
+    while True:
+        try:
+            for p in watched.children(recursive=True):
+                if p.pid == os.getpid():
+                    continue
+                key = (p.pid, p.create_time())
+                if key not in known:
+                    known[key] = p
+                    if os.getsid(p.pid) == p.pid:  # a scenario session's leader
+                        sessions[p.pid] = key[1]
+        except (psutil.Error, OSError):
+            pass
+        if not watched.is_running():
+            break
+        if pidfd is not None:
+            if select.select([pidfd], [], [], interval)[0]:
+                break
+        else:
+            time.sleep(interval)
+    victims = [p for p in known.values() if p.is_running()]  # is_running checks the create time
+    for sid, leader in sessions.items():
+        victims += [p for p in session_members(sid, leader) if p not in victims]
+    kill_trackers_last(victims)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_guard_main(int(sys.argv[1]), float(sys.argv[2])))

@@ -6,7 +6,7 @@ descendant, even one orphaned and re-parented to init, shares its session id),
 calls ``func(**kwargs)`` there and returns a :class:`ScenarioResult`.
 
 On timeout the parent asks faulthandler in the child for every thread's stack
-(SIGUSR1), then kills the whole session with psutil and reports ``hang`` with
+(SIGUSR1), then kills the whole session (:func:`~pytest_workerstart.probes.reaper.kill_session`) and reports ``hang`` with
 those stacks. A child that dies without a result is reported as ``crash``.
 """
 
@@ -24,8 +24,6 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from pytest_workerstart.probes import reaper
 
@@ -64,50 +62,6 @@ class ScenarioResult:
         return "\n".join(parts)
 
 
-def session_members(sid: int) -> list[psutil.Process]:
-    """Every live process whose session id is ``sid`` (Linux /proc)."""
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if os.getsid(p.pid) == sid and p.pid != os.getpid():
-                out.append(p)
-        except (OSError, psutil.Error):
-            continue
-    return out
-
-
-def kill_session(sid: int, timeout: float = 5.0) -> list[str]:
-    """Kill every process of session ``sid``; return a line per victim.
-
-    The resource tracker goes last and gets ``timeout`` to exit by itself: once
-    everyone holding its pipe is gone it unlinks the semaphores they leaked,
-    which a SIGKILLed tracker would leave in /dev/shm until reboot.
-    """
-    members = session_members(sid)
-    trackers, victims, lines = [], [], []
-    for p in members:
-        try:
-            cmd = " ".join(p.cmdline())
-        except psutil.Error:
-            continue
-        (trackers if "multiprocessing.resource_tracker" in cmd else victims).append(p)
-        lines.append(f"pid {p.pid} {cmd[:160]}")
-    kill_and_wait(victims, timeout)
-    _, alive = psutil.wait_procs(trackers, timeout=timeout)
-    kill_and_wait(alive, timeout)
-    return lines
-
-
-def kill_and_wait(procs: list[psutil.Process], timeout: float = 5.0) -> None:
-    """SIGKILL ``procs`` (already-gone ones are fine) and reap what we can."""
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=timeout)
-
-
 def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 120.0,
                  env: dict[str, str] | None = None, dump_grace: float = 2.0) -> ScenarioResult:
     workdir = Path(tempfile.mkdtemp(prefix="workerstart-scenario-"))
@@ -122,7 +76,7 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
             stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
             env={**os.environ, **(env or {})},
         )
-    reaper.register_session(proc.pid)
+    leader_ctime = reaper.register_session(proc.pid)
     stacks = None
     try:
         proc.wait(timeout=timeout)
@@ -137,7 +91,7 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     duration = time.monotonic() - start
     if status == "hang":
         stacks = err_path.read_text(errors="replace")[-20000:]
-    leftovers = kill_session(proc.pid)
+    leftovers = reaper.kill_session(proc.pid, leader_ctime=leader_ctime)
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:

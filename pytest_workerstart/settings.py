@@ -1,0 +1,302 @@
+"""Every ``--workerstart-*`` option, defined once and resolved once.
+
+Each :class:`Option` names its command-line flag, environment variable and ini
+key; :func:`resolve` applies the documented precedence
+
+    command line > environment variable > ini file > default
+
+and returns a frozen :class:`Settings` kept in ``config.stash[SETTINGS]``.
+Converters get the value *and where it came from*, so a bad value is one
+usage error line that names its source (as pytest-timeout's
+``_validate_timeout(value, where)`` does), never a traceback.
+
+Only the standard library and pytest are imported here: the plugin registers
+these options in every pytest run, with or without ``--workerstart``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+KNOWN_CONTEXTS = ("spawn", "forkserver", "fork")
+PROFILES = ("quick", "full")
+_XFAIL_LINE = re.compile(r"^(?P<id>[a-z_]+\.[a-z_]+)(\[(?P<ctx>[a-z]+)\])?\s*:\s*(?P<reason>.*)$")
+
+
+def _usage(where: str, msg: str) -> pytest.UsageError:
+    return pytest.UsageError(f"{where}: {msg}")
+
+
+# --- converters: (raw value, where it came from) -> value ---------------------
+
+
+def _text(value: str, where: str) -> str:
+    value = value.strip()
+    if not value:
+        raise _usage(where, "empty value")
+    return value
+
+
+def _positive_float(value: Any, where: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise _usage(where, f"expected a number, got {value!r}") from None
+    if not number > 0 or number != number or number == float("inf"):
+        raise _usage(where, f"expected a positive finite number, got {value!r}")
+    return number
+
+
+def _bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    low = str(value).strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise _usage(where, f"expected true or false, got {value!r}")
+
+
+def _profile(value: str, where: str) -> str:
+    value = value.strip()
+    if value not in PROFILES:
+        raise _usage(where, f"expected one of {', '.join(PROFILES)}, got {value!r}")
+    return value
+
+
+def _contexts(value: str, where: str) -> tuple[str, ...]:
+    names = tuple(v.strip() for v in str(value).split(",") if v.strip())
+    if not names:
+        raise _usage(where, f"give at least one of {', '.join(KNOWN_CONTEXTS)}")
+    for name in names:
+        if name not in KNOWN_CONTEXTS:
+            raise _usage(where, f"unknown context {name!r}: choose from {', '.join(KNOWN_CONTEXTS)}")
+    return tuple(dict.fromkeys(names))
+
+
+def _capabilities(values: Any, where: str) -> tuple[str, ...]:
+    items = values.splitlines() if isinstance(values, str) else list(values)
+    out = []
+    for item in (str(i).strip() for i in items):
+        if not item:
+            continue
+        if "=" not in item:
+            raise _usage(where, f"capability {item!r}: expected NAME=VALUE")
+        out.append(item)
+    return tuple(out)
+
+
+def _json_path(value: str, where: str) -> Path:
+    p = Path(value).expanduser().resolve()
+    if p.is_dir():
+        raise _usage(where, f"{str(p)!r} is a directory")
+    if not p.parent.is_dir():
+        raise _usage(where, f"directory {str(p.parent)!r} does not exist")
+    if (p.exists() and not os.access(p, os.W_OK)) or not os.access(p.parent, os.W_OK):
+        raise _usage(where, f"{str(p)!r} is not writable")
+    return p
+
+
+def _xfail_file(value: str, where: str) -> tuple[tuple[str, str | None, str], ...]:
+    """``check.id[context]: reason`` lines -> ((id, context or None, reason), ...)."""
+    p = Path(value).expanduser()
+    if not p.is_file():
+        raise _usage(where, f"no such file {value!r}")
+    entries = {}
+    for lineno, raw in enumerate(p.read_text().splitlines(), 1):
+        line = "" if raw.lstrip().startswith("#") else raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = _XFAIL_LINE.match(line)
+        if not m:
+            raise _usage(where, f"{value}:{lineno}: expected 'check.id[context]: reason', got {raw.strip()!r}")
+        if not m["reason"].strip():
+            raise _usage(where, f"{value}:{lineno}: expected failure of {m['id']} needs a reason")
+        entries[(m["id"], m["ctx"])] = m["reason"].strip()
+    return tuple((i, c, r) for (i, c), r in entries.items())
+
+
+# --- the options ---------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One setting: where it can be given, how it is checked, what it means."""
+
+    field: str
+    convert: Callable[[Any, str], Any]
+    default: Any
+    help: str
+    metavar: str | None = None
+    kind: str = "value"  # value | flag (store_true) | list (repeatable)
+    ini_type: str | None = None  # pytest ini type ("bool", "linelist") or None (string)
+    env: bool = True
+    ini: bool = True
+    #: False for options that only say where output goes (they cannot change a verdict).
+    in_verdict: bool = True
+
+    @property
+    def flag(self) -> str:
+        return "--workerstart-" + self.field.replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        return "workerstart_" + self.field
+
+    @property
+    def env_name(self) -> str | None:
+        return "WORKERSTART_" + self.field.upper() if self.env else None
+
+    @property
+    def ini_name(self) -> str | None:
+        return self.dest if self.ini else None
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("loader", _text, "reference", metavar="SPEC",
+           help="loader under test: reference, torch, torchdata or module:attribute"),
+    Option("parallelism_kwarg", _text, None, metavar="NAME",
+           help="keyword that sets start parallelism ('none': the loader has no parallel start)"),
+    Option("capability", _capabilities, (), metavar="NAME=VALUE", kind="list", ini_type="linelist",
+           help="declare or override a capability, e.g. parallel_start=spawn,forkserver (repeatable)"),
+    Option("context", _contexts, None, metavar="LIST",
+           help="comma-separated contexts to check (default: every context the platform offers)"),
+    Option("profile", _profile, "full", metavar="quick|full",
+           help="quick: one fault position, one p, forkserver where the clause is not about spawn"),
+    Option("strict", _bool, False, kind="flag", ini_type="bool",
+           help="also fail on fds/semaphores/shm held only through a referenced exception"),
+    Option("min_speedup", _positive_float, None, metavar="X",
+           help="speed.startup threshold (default: derived from boot cost and usable cores)"),
+    Option("driver_death_timeout", _positive_float, 15.0, metavar="S",
+           help="seconds every process of a killed driver has to disappear"),
+    Option("xfail", _xfail_file, (), metavar="FILE",
+           help="file of expected failures: one 'check.id[context]: reason' per line"),
+    Option("json", _json_path, None, metavar="PATH", in_verdict=False,
+           help="write a machine-readable verdict to PATH (rewritten as each check finishes)"),
+)
+BY_FIELD = {o.field: o for o in OPTIONS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The resolved options of one run; checks see it as ``ws.settings``."""
+
+    loader: str
+    parallelism_kwarg: str | None
+    capability: tuple[str, ...]
+    context: tuple[str, ...] | None  # None: every available context
+    profile: str
+    strict: bool
+    min_speedup: float | None
+    driver_death_timeout: float
+    xfail: tuple[tuple[str, str | None, str], ...]
+    json: Path | None
+    #: option field -> where its value came from ("--workerstart-x", "$WORKERSTART_X", "ini", "default")
+    sources: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def json_path(self) -> Path | None:
+        return self.json
+
+    @property
+    def xfails(self) -> dict[tuple[str, str | None], str]:
+        return {(i, c): r for i, c, r in self.xfail}
+
+    def for_verdict(self) -> dict[str, Any]:
+        """Every option that can change a verdict, with its source."""
+        out: dict[str, Any] = {}
+        for opt in OPTIONS:
+            if not opt.in_verdict:
+                continue
+            value = getattr(self, opt.field)
+            if opt.field == "xfail":
+                value = [f"{i}[{c}]: {r}" if c else f"{i}: {r}" for i, c, r in value]
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[opt.field] = value
+        out["sources"] = dict(self.sources)
+        return out
+
+
+SETTINGS = pytest.StashKey[Settings]()
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Register every option as a flag and (where it has one) an ini key."""
+    group = parser.getgroup("workerstart", "worker-start conformance suite (pytest-workerstart)")
+    group.addoption("--workerstart", action="store_true", default=False,
+                    help="collect and run the worker-start conformance suite (in addition to any paths given)")
+    for opt in OPTIONS:
+        where = [opt.flag]
+        if opt.env_name:
+            where.append("$" + opt.env_name)
+        if opt.ini_name:
+            where.append(f"ini {opt.ini_name}")
+        default = "" if opt.default in (None, (), False) else f"; default {opt.default}"
+        text = f"{opt.help} (precedence: {' > '.join(where)}{default})"
+        if opt.kind == "flag":
+            group.addoption(opt.flag, action="store_true", default=None, dest=opt.dest, help=text)
+        elif opt.kind == "list":
+            group.addoption(opt.flag, action="append", default=None, dest=opt.dest, metavar=opt.metavar, help=text)
+        else:
+            group.addoption(opt.flag, default=None, dest=opt.dest, metavar=opt.metavar, help=text)
+        if opt.ini_name:
+            parser.addini(opt.ini_name, opt.help, type=opt.ini_type, default=None)
+
+
+def _ini_where(config: pytest.Config, name: str) -> str:
+    where = f"ini {name}"
+    if config.inipath is not None:
+        where += f" ({config.inipath})"
+    return where
+
+
+def _sources(config: pytest.Config, opt: Option) -> list[tuple[Any, str]]:
+    """Raw values of ``opt`` with where each came from, highest precedence first."""
+    found = []
+    cli = config.getoption(opt.dest, default=None)
+    if cli not in (None, []):
+        found.append((cli, opt.flag))
+    if opt.env_name and os.environ.get(opt.env_name, "").strip():
+        env = os.environ[opt.env_name]
+        found.append((env.split(";") if opt.kind == "list" else env, "$" + opt.env_name))
+    if opt.ini_name:
+        where = _ini_where(config, opt.ini_name)
+        try:
+            ini = config.getini(opt.ini_name)
+        except ValueError as exc:  # pytest's own bool parsing
+            raise _usage(where, str(exc)) from None
+        if ini not in (None, [], ""):
+            found.append((ini, where))
+    return found
+
+
+def resolve(config: pytest.Config) -> Settings:
+    """Resolve every option once; a bad value raises one :class:`pytest.UsageError`.
+
+    A repeatable option accumulates ini, then environment, then command-line
+    entries (a later entry for the same name wins); every other option takes
+    its highest-precedence value.
+    """
+    values: dict[str, Any] = {}
+    sources: list[tuple[str, str]] = []
+    for opt in OPTIONS:
+        found = _sources(config, opt)
+        if not found:
+            values[opt.field] = opt.default
+            sources.append((opt.field, "default"))
+        elif opt.kind == "list":
+            values[opt.field] = tuple(v for raw, where in reversed(found) for v in opt.convert(raw, where))
+            sources.append((opt.field, " + ".join(where for _, where in reversed(found))))
+        else:
+            raw, where = found[0]
+            values[opt.field] = opt.convert(raw, where)
+            sources.append((opt.field, where))
+    return Settings(**values, sources=tuple(sources))

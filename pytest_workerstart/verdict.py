@@ -1,0 +1,211 @@
+"""The verdict of one run: what each selected check did, and nothing more.
+
+A :class:`CheckRecord` starts ``not_run`` with no outcome. Phase reports move
+it to ``running`` and then, with its teardown report, to ``finished``; only a
+finished check has an outcome. A run that ends early (Ctrl-C, a crash of the
+process driving the loader, a circuit breaker) therefore says which checks
+never finished instead of claiming they passed.
+
+The file is rewritten (atomically) each time a check finishes, so even a
+pytest process that dies leaves the last consistent state, marked
+``complete: false``. ``verdict.schema.json`` beside this module is the format;
+``VERSION`` is its contract version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+#: Version of the verdict format (``verdict.schema.json``); bumped on any change.
+VERSION = "0.2"
+SCHEMA_PATH = Path(__file__).with_name("verdict.schema.json")
+OUTCOMES = ("passed", "failed", "skipped", "xfailed", "error")
+STATES = ("finished", "running", "not_run")
+_PARAM_ID = re.compile(r"\[(?P<id>[a-z_]+\.[a-z_]+)-(?P<ctx>[a-z]+)")
+
+
+def parse_nodeid(nodeid: str) -> tuple[str, str | None] | None:
+    """(check id, context) from a check's node id (its first parameter id)."""
+    m = _PARAM_ID.search(nodeid)
+    if not m:
+        return None
+    return m["id"], (None if m["ctx"] == "none" else m["ctx"])
+
+
+@dataclasses.dataclass
+class CheckRecord:
+    nodeid: str
+    id: str
+    context: str | None
+    state: str = "not_run"
+    outcome: str | None = None
+    reason: str = ""
+    duration_s: float = 0.0
+
+    def apply(self, report: pytest.TestReport) -> None:
+        """Fold one phase report (setup, call, teardown) into the record."""
+        self.duration_s = round(self.duration_s + report.duration, 3)
+        if report.when == "teardown":
+            self.state = "finished"
+        else:
+            self.state = "running"
+        if hasattr(report, "wasxfail"):
+            if report.skipped:
+                self.outcome, self.reason = "xfailed", report.wasxfail
+            elif report.failed:  # strict XPASS
+                self.outcome, self.reason = "failed", f"[XPASS(strict)] {report.wasxfail}"
+            else:
+                self.outcome = self.outcome or "passed"
+            return
+        if report.skipped and self.outcome is None:
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            self.outcome, self.reason = "skipped", reason.removeprefix("Skipped: ")
+        elif report.failed:
+            if self.outcome not in ("failed", "error"):
+                self.outcome = "failed" if report.when == "call" else "error"
+                self.reason = one_line(report)
+        elif report.passed and report.when == "call" and self.outcome is None:
+            self.outcome = "passed"
+        if self.state == "finished" and self.outcome is None:
+            self.outcome, self.reason = "error", "finished without a call report"
+
+    def as_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if self.state != "finished":
+            out["outcome"] = None  # only finished checks have an outcome
+        return out
+
+
+def one_line(report: pytest.TestReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr)
+    return text.strip().splitlines()[0][:500] if text.strip() else "failed"
+
+
+class Verdict:
+    """The records of one run plus what is needed to write the file."""
+
+    def __init__(self, loader: dict[str, Any], settings: dict[str, Any]):
+        self.loader = loader
+        self.settings = settings
+        self.records: dict[str, CheckRecord] = {}
+        self.deselected: list[dict[str, Any]] = []
+        self.not_run_reason = ""
+
+    def select(self, nodeid: str, check_id: str, context: str | None) -> CheckRecord:
+        rec = self.records.get(nodeid)
+        if rec is None:
+            rec = self.records[nodeid] = CheckRecord(nodeid, check_id, context)
+        return rec
+
+    def deselect(self, nodeid: str, check_id: str, context: str | None) -> None:
+        self.deselected.append({"id": check_id, "context": context, "nodeid": nodeid})
+
+    def apply(self, report: pytest.TestReport, check_id: str, context: str | None) -> CheckRecord:
+        rec = self.select(report.nodeid, check_id, context)
+        rec.apply(report)
+        return rec
+
+    def summary(self) -> dict[str, int]:
+        counts = dict.fromkeys((*OUTCOMES, "not_run"), 0)
+        for r in self.records.values():
+            counts[r.outcome if r.state == "finished" else "not_run"] += 1
+        return counts
+
+    def finished(self) -> bool:
+        return all(r.state == "finished" for r in self.records.values())
+
+    def contexts_run(self) -> list[str]:
+        """Contexts in which at least one check ran to a pass or a failure."""
+        ran = {r.context for r in self.records.values()
+               if r.state == "finished" and r.outcome not in ("skipped", None) and r.context}
+        return [c for c in ("spawn", "forkserver", "fork") if c in ran]
+
+    def to_json(self, *, exitstatus: int | None, duration_s: float, final: bool) -> dict[str, Any]:
+        complete = final and exitstatus in (0, 1) and self.finished()
+        counts = self.summary()
+        if not final:
+            overall = "running"
+        elif not complete:
+            overall = "incomplete"
+        elif counts["failed"] or counts["error"]:
+            overall = "failed"
+        elif counts["passed"] == 0:
+            overall = "empty"
+        else:
+            overall = "passed"
+        checks = []
+        for r in self.records.values():
+            entry = r.as_json()
+            if r.state != "finished" and final:
+                entry["reason"] = self.not_run_reason or (
+                    "interrupted while running" if r.state == "running" else
+                    f"never ran: the session ended first (exit status {exitstatus})")
+            checks.append(entry)
+        return {
+            "version": VERSION,
+            "plugin_version": plugin_version(),
+            "complete": complete,
+            "outcome": overall,
+            "exitstatus": exitstatus,
+            "loader": self.loader,
+            "machine": machine_description(),
+            "settings": {**self.settings, "contexts_run": self.contexts_run()},
+            "checks": checks,
+            "deselected": self.deselected,
+            "summary": counts,
+            "duration_s": round(duration_s, 3),
+        }
+
+    def write(self, path: Path, **kwargs: Any) -> None:
+        """Replace ``path`` atomically: a reader never sees half a verdict."""
+        text = json.dumps(self.to_json(**kwargs), indent=2, default=str) + "\n"
+        fd, tmp = tempfile.mkstemp(prefix=".verdict-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+def plugin_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pytest-workerstart")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def machine_description() -> dict[str, Any]:
+    import multiprocessing
+
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": multiprocessing.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+    except ImportError:
+        info["torch"] = None
+    return info
+
+
+def load_schema() -> dict[str, Any]:
+    return json.loads(SCHEMA_PATH.read_text())
