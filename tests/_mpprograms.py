@@ -74,3 +74,56 @@ def interrupt_at_worker_1():
         if p.pid is not None:
             p.join()
     return {"outcome": outcome, "started": started}
+
+
+_CHURN = r'''
+import collections, json, multiprocessing, os, sys, time
+from multiprocessing.synchronize import Semaphore
+ctx = multiprocessing.get_context("spawn")
+stop, out = sys.argv[1], sys.argv[2]
+held = collections.deque()
+created = lost = 0
+while not os.path.exists(stop):
+    held.append(Semaphore(1, ctx=ctx))
+    created += 1
+    if len(held) > 8:
+        old = held.popleft()
+        if not os.path.exists("/dev/shm/sem." + old._semlock.name.lstrip("/")):
+            lost += 1
+        del old
+    time.sleep(0.005)
+for s in held:
+    if not os.path.exists("/dev/shm/sem." + s._semlock.name.lstrip("/")):
+        lost += 1
+json.dump({"created": created, "lost": lost}, open(out, "w"))
+'''
+
+
+class SemaphoreChurner:
+    """A neighbour job: creates and unlinks named semaphores until stopped.
+
+    ``report`` after the block: how many it created and how many of its own,
+    still held, had vanished from /dev/shm (someone else unlinked them).
+    """
+
+    def __init__(self, report_path):
+        self.report_path = str(report_path)
+        self.stop_path = self.report_path + ".stop"
+        self.report = None
+
+    def __enter__(self):
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen([sys.executable, "-c", _CHURN, self.stop_path, self.report_path])
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc):
+        import json
+
+        open(self.stop_path, "w").close()
+        self.proc.wait(timeout=30)
+        with open(self.report_path) as f:
+            self.report = json.load(f)
+        return False

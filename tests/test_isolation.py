@@ -1,0 +1,129 @@
+"""Isolation: the suite never harms, or is harmed by, what runs beside it.
+
+* a neighbour's named semaphores are neither counted nor unlinked;
+* killing pytest (SIGINT, SIGTERM, SIGKILL) mid-scenario leaves nothing of the
+  scenario alive after 15 s (the guard in probes/reaper.py);
+* two suite runs at once, beside a semaphore-churning process, each get the
+  verdict a run alone gets, and the churner never loses a semaphore;
+* ``-n 2`` (xdist) gives the plain run's verdict.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests._mpprograms import SemaphoreChurner
+
+FAST = ("--workerstart-context=forkserver", "--workerstart-profile=quick")
+#: Checks that count semaphores/shm or kill and unlink (the ones a neighbour could fool).
+ISOLATION_IDS = ("leaks.clean_exit", "failure.interrupt_during_start", "failure.driver_killed",
+                 "failure.parent_start_error", "digest.first_batch")
+K = " or ".join(ISOLATION_IDS)
+
+
+def _cmd(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def _watch_tree(proc: subprocess.Popen, until, timeout: float = 180) -> dict:
+    """Record ``proc``'s descendants until ``until(live processes)`` or ``timeout``."""
+    me = psutil.Process(proc.pid)
+    seen: dict = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            for p in me.children(recursive=True):
+                seen[(p.pid, p.create_time())] = p
+        except psutil.Error:
+            break
+        live = [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if until(live):
+            return seen
+        time.sleep(0.2)
+    pytest.fail(f"the scenario never got going; pytest output:\n{proc.stdout.read()[-3000:] if proc.poll() is not None else ''}")
+
+
+@pytest.mark.parametrize("sig, group", [("SIGINT", False), ("SIGTERM", True), ("SIGKILL", False)],
+                         ids=["sigint", "sigterm-group", "sigkill"])
+def test_killed_pytest_leaves_nothing(tmp_path, sig, group):
+    """A scenario whose worker hangs mid-start (spawn; the loader ignores timeout=, so
+    it stays there): scenario driver, spawn workers and its resource tracker."""
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "--workerstart", "-p", "no:cacheprovider", "-q",
+                             "--workerstart-context=spawn", "-k", "child_hang_during_start",
+                             "--workerstart-loader=pytest_workerstart.fixtures.broken.loaders:IgnoresTimeout"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        # the scenario driver, its tracker and three spawn workers
+        seen = _watch_tree(proc, lambda live: sum("probes.scenario" in _cmd(p) for p in live) >= 1
+                           and sum("multiprocessing" in _cmd(p) for p in live) >= 4)
+        time.sleep(1.0)
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            seen[(p.pid, p.create_time())] = p
+        if group:
+            os.killpg(proc.pid, getattr(signal, sig))
+        else:
+            proc.send_signal(getattr(signal, sig))
+        out, _ = proc.communicate(timeout=120)
+        _, alive = psutil.wait_procs(list(seen.values()), timeout=15)
+        survivors = [(p.pid, _cmd(p)[:120]) for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    assert len(seen) >= 3, f"expected a scenario tree, saw {[(_cmd(p)[:80]) for p in seen.values()]}"
+    assert not survivors, f"alive 15 s after {sig} of pytest: {survivors}\n{out[-2000:]}"
+
+
+def test_neighbour_semaphores_are_not_ours(run_suite, tmp_path):
+    """A process creating and unlinking named semaphores all along: same verdict, nothing lost."""
+    with SemaphoreChurner(tmp_path / "churn.json") as churner:
+        v = run_suite(*FAST, "-k", "leaks.clean_exit or failure.driver_killed or failure.interrupt_during_start")
+    assert v.failed_ids() == set(), v.result.stdout.str()[-3000:]
+    assert churner.report["created"] > 100, churner.report
+    assert churner.report["lost"] == 0, f"the suite unlinked a neighbour's semaphores: {churner.report}"
+
+
+def _verdict_map(verdict):
+    return {(c["id"], c["context"], c["nodeid"].split("[", 1)[-1]): c["outcome"] for c in verdict.data["checks"]}
+
+
+def test_two_runs_at_once_beside_a_churner(run_suite, tmp_path, pytester):
+    """Both runs get the verdict a run alone gets, and the churner never loses a semaphore."""
+    alone = run_suite(*FAST, "-k", K)
+    assert alone.data["complete"] and alone.failed_ids() == set(), alone.result.stdout.str()[-3000:]
+    second_dir = tmp_path / "second"
+    second_dir.mkdir()
+    out2 = second_dir / "verdict.json"
+    with SemaphoreChurner(tmp_path / "churn.json") as churner:
+        other = subprocess.Popen([sys.executable, "-m", "pytest", "--workerstart", "-p", "no:cacheprovider", *FAST,
+                                  "-k", K, f"--workerstart-json={out2}"], cwd=second_dir,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        first = run_suite(*FAST, "-k", K)
+        second_out, _ = other.communicate(timeout=900)
+    from tests.conftest import Verdict
+
+    second = Verdict(out2, None)
+    assert _verdict_map(first) == _verdict_map(alone), first.result.stdout.str()[-3000:]
+    assert _verdict_map(second) == _verdict_map(alone), second_out[-3000:]
+    assert churner.report["lost"] == 0, f"a suite run unlinked a neighbour's semaphores: {churner.report}"
+
+
+def test_xdist_gives_the_plain_verdict(run_suite):
+    plain = run_suite(*FAST, "-k", K)
+    dist = run_suite(*FAST, "-k", K, "-p", "xdist", "-n", "2")
+    assert dist.data["complete"], dist.result.stdout.str()[-3000:]
+    assert _verdict_map(dist) == _verdict_map(plain), dist.result.stdout.str()[-3000:]
