@@ -8,7 +8,7 @@ PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: venv test conformance conformance-quick docs bench tox clean
+.PHONY: venv test test-under-load conformance conformance-quick docs bench tox clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -23,6 +23,14 @@ venv: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests
+
+# `make test` and `make conformance-quick` while LOAD CPU-bound processes run
+# beside them (default 2: on a 2-core machine, half the CPU for the suite).
+LOAD ?= 2
+test-under-load: $(STAMP)
+	@bash -c 'pids=""; for i in $$(seq $(LOAD)); do $(PY) -c "while True: pass" & pids="$$pids $$!"; done; \
+	  trap "kill $$pids" EXIT; echo "test-under-load: $(LOAD) CPU hogs:$$pids"; \
+	  $(MAKE) --no-print-directory test && $(MAKE) --no-print-directory conformance-quick'
 
 conformance: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider --workerstart --workerstart-profile=full

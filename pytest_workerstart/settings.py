@@ -170,7 +170,7 @@ OPTIONS: tuple[Option, ...] = (
            help="comma-separated contexts to check (default: every context the platform offers)"),
     Option("profile", _profile, "full", metavar="quick|full",
            help="quick: one fault position, one p, forkserver where the clause is not about spawn"),
-    Option("strict", _bool, False, kind="flag", ini_type="bool",
+    Option("strict", _bool, False, kind="flag",
            help="also fail on fds/semaphores/shm held only through a referenced exception"),
     Option("min_speedup", _positive_float, None, metavar="X",
            help="speed.startup threshold (default: derived from boot cost and usable cores)"),

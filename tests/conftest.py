@@ -5,13 +5,24 @@ import pytest
 pytest_plugins = ["pytester"]
 
 
+def validate_verdict(data):
+    """Every verdict a self-test reads must match the schema shipped in the package."""
+    import jsonschema
+
+    from pytest_workerstart.verdict import load_schema
+
+    jsonschema.validate(data, load_schema())
+
+
 class Verdict:
     """The JSON verdict of a pytest --workerstart run, indexed by check id."""
 
     def __init__(self, path, result):
         self.result = result
         self.data = json.loads(path.read_text()) if path.exists() else None
-        assert self.data is not None, f"no verdict written; output:\n{result.stdout.str()[-3000:]}"
+        output = result.stdout.str()[-3000:] if result is not None else ""
+        assert self.data is not None, f"no verdict written; output:\n{output}"
+        validate_verdict(self.data)
 
     def outcomes(self, check_id):
         return [c["outcome"] for c in self.data["checks"] if c["id"] == check_id]

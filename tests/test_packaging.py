@@ -18,6 +18,7 @@ def test_wheel_contents(tmp_path):
     assert {p.name for p in (ROOT / "conformance").glob("test_*.py")} <= suite
     assert "pytest_workerstart/fixtures/datasets.py" in names
     assert "pytest_workerstart/fixtures/broken/loaders.py" in names
+    assert "pytest_workerstart/verdict.schema.json" in names
     tops = {n.split("/")[0] for n in names}
     assert tops == {"pytest_workerstart", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
     entry = next(n for n in names if n.endswith("entry_points.txt"))

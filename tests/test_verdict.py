@@ -1,0 +1,152 @@
+"""The verdict file says only what happened, and the settings are resolved once.
+
+Every verdict read here is validated against the package's JSON Schema (see
+``tests/conftest.py``).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import Verdict, validate_verdict
+
+FAST = ("--workerstart-context=forkserver", "-p", "no:cacheprovider")
+
+
+def _usage_error(pytester, *args):
+    result = pytester.runpytest_subprocess("--workerstart", "--collect-only", *args)
+    err = result.stderr.str()
+    assert result.ret == 4, f"exit {result.ret}\n{result.stdout.str()[-1500:]}\n{err[-1500:]}"
+    lines = [ln for ln in err.splitlines() if ln.startswith("ERROR:")]
+    assert len(lines) == 1 and "Traceback" not in err + result.stdout.str(), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("ini, message", [
+    ("workerstart_driver_death_timeout = abc", "ini workerstart_driver_death_timeout"),
+    ("workerstart_min_speedup = -3", "expected a positive finite number"),
+    ("workerstart_profile = fast", "expected one of quick, full"),
+    ("workerstart_context = spawn,threads", "unknown context 'threads'"),
+    ("workerstart_strict = maybe", "ini workerstart_strict"),
+])
+def test_bad_ini_value_is_one_usage_error(pytester, ini, message):
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    line = _usage_error(pytester)
+    assert message in line and "ini workerstart_" in line, line
+
+
+@pytest.mark.parametrize("args, source", [
+    (["--workerstart-min-speedup=-3"], "--workerstart-min-speedup"),
+    (["--workerstart-min-speedup=nan"], "--workerstart-min-speedup"),
+    (["--workerstart-driver-death-timeout=0"], "--workerstart-driver-death-timeout"),
+])
+def test_bad_cli_value_names_the_flag(pytester, args, source):
+    assert source in _usage_error(pytester, *args)
+
+
+def test_bad_env_value_names_the_variable(pytester, monkeypatch):
+    monkeypatch.setenv("WORKERSTART_PROFILE", "fast")
+    assert "$WORKERSTART_PROFILE" in _usage_error(pytester)
+
+
+def test_precedence_cli_env_ini_default(run_suite, pytester, monkeypatch):
+    pytester.makeini("[pytest]\nworkerstart_driver_death_timeout = 21\nworkerstart_min_speedup = 1.7\n")
+    monkeypatch.setenv("WORKERSTART_DRIVER_DEATH_TIMEOUT", "22")
+    v = run_suite(*FAST, "-k", "start.default_serial", "--workerstart-driver-death-timeout=23")
+    s = v.data["settings"]
+    assert s["driver_death_timeout"] == 23 and s["sources"]["driver_death_timeout"] == "--workerstart-driver-death-timeout"
+    assert s["min_speedup"] == 1.7 and s["sources"]["min_speedup"].startswith("ini workerstart_min_speedup")
+    assert s["profile"] == "full" and s["sources"]["profile"] == "default"
+    assert s["contexts_requested"] == ["forkserver"] and s["contexts_run"] == ["forkserver"]
+    assert s["parallelism_kwarg"] == "worker_start_parallelism"
+
+
+def test_spawn_only_checks_in_a_forkserver_run_write_a_verdict(run_suite):
+    """Parametrized checks with no context left used to give pytest's NOTSET (no JSON at all)."""
+    v = run_suite(*FAST, "-k", "speed or start.default_serial")
+    assert v.result.ret == 0, v.result.stdout.str()[-2000:]
+    assert v.data["complete"] is True and v.data["outcome"] == "passed"
+    speed = [c for c in v.data["checks"] if c["id"].startswith("speed.")]
+    assert speed and all(c["outcome"] == "skipped" and "runs only in spawn" in c["reason"] for c in speed)
+    assert v.data["settings"]["contexts_run"] == ["forkserver"]
+    assert {d["id"] for d in v.data["deselected"]} >= {"leaks.clean_exit", "digest.first_batch"}
+
+
+def test_interrupted_run_claims_nothing_it_did_not_finish(run_suite, pytester):
+    """A KeyboardInterrupt inside a check: that check and the rest have no outcome."""
+    pytester.makepyfile(interrupting="""
+        import os
+        from torch.utils.data import DataLoader
+
+        def make(dataset, **kwargs):
+            if os.path.exists("calls"):
+                raise KeyboardInterrupt
+            open("calls", "w").close()
+            return DataLoader(dataset, **kwargs)
+    """)
+    v = run_suite(*FAST, "-k", "start.default_serial or leaks.clean_exit", "--workerstart-loader=interrupting:make")
+    data = v.data
+    assert v.result.ret == 2 and data["exitstatus"] == 2
+    assert data["complete"] is False and data["outcome"] == "incomplete"
+    states = [c["state"] for c in data["checks"]]
+    assert states.count("finished") == 1 and "running" in states and "not_run" in states, data["checks"]
+    for c in data["checks"]:
+        if c["state"] != "finished":
+            assert c["outcome"] is None and c["reason"], c
+    assert data["summary"]["passed"] == 1 and data["summary"]["not_run"] == len(states) - 1
+    assert "INCOMPLETE" in v.result.stdout.str()
+
+
+def test_a_crashed_pytest_leaves_the_last_consistent_verdict(pytester):
+    """The file is rewritten as each check finishes: a driver killed by the loader
+    (here os._exit in the second build) leaves finished checks and complete: false."""
+    pytester.makepyfile(crashing="""
+        import os
+        from torch.utils.data import DataLoader
+
+        def make(dataset, **kwargs):
+            if os.path.exists("calls"):
+                os._exit(139)
+            open("calls", "w").close()
+            return DataLoader(dataset, **kwargs)
+    """)
+    out = pytester.path / "verdict.json"
+    env = {**os.environ, "PYTHONPATH": str(pytester.path) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--workerstart", *FAST, f"--workerstart-json={out}",
+                           "-k", "start.default_serial or leaks.clean_exit", "--workerstart-loader=crashing:make"],
+                          cwd=pytester.path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 139, proc.stdout[-2000:]
+    data = json.loads(out.read_text())
+    validate_verdict(data)
+    assert data["complete"] is False and data["outcome"] == "running" and data["exitstatus"] is None
+    assert [c["outcome"] for c in data["checks"] if c["state"] == "finished"] == ["passed"]
+    assert all(c["outcome"] is None for c in data["checks"] if c["state"] != "finished")
+
+
+def test_verdict_of_a_plain_run_validates(run_suite):
+    v = run_suite(*FAST, "-k", "start.default_serial", "--workerstart-loader=torch")
+    assert isinstance(v, Verdict) and v.data["version"] == "0.2" and v.data["plugin_version"]
+
+
+def test_every_option_is_documented():
+    """docs/usage.md lists each option's flag, environment variable and ini key."""
+    from pathlib import Path
+
+    from pytest_workerstart.settings import OPTIONS
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "usage.md").read_text()
+    for opt in OPTIONS:
+        for name in (opt.flag, opt.env_name, opt.ini_name):
+            if name:
+                assert f"`{name}" in text, f"{name} ({opt.field}) is not in docs/usage.md"
+
+
+def test_help_lists_every_option(pytester):
+    from pytest_workerstart.settings import OPTIONS
+
+    out = pytester.runpytest_subprocess("--help").stdout.str()
+    for opt in OPTIONS:
+        assert opt.flag in out, opt.flag
