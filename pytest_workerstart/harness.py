@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 import gc
 import multiprocessing
-import threading
 from typing import Any, Callable
 
 import pytest
 
 from pytest_workerstart.probes.context import InstrumentedContext
+from pytest_workerstart.probes.deadline import StepTimeout, deadline, thread_stacks
 from pytest_workerstart.probes.faults import FaultPlan
 from pytest_workerstart.probes.leaks import LeakReport, LeakSnapshot
 
@@ -73,9 +73,53 @@ def exception_chain(exc: BaseException | None):
 class CheckEnv:
     context_name: str
     loader: Any  # protocol.LoaderUnderTest
-    settings: Any  # session.Settings
+    settings: Any  # settings.Settings
     request: pytest.FixtureRequest
+    #: num_workers -> seconds a step that waits on the loader may take (None: unbounded)
+    step_timeout: Callable[[int], float | None] = lambda n: None
     _contexts: list = dataclasses.field(default_factory=list)
+    #: (step, exception) of the last error the loader raised inside a bounded step
+    last_step_error: tuple[str, BaseException] | None = None
+
+    # --- bounded steps -------------------------------------------------------
+    def step(self, name: str, fn: Callable[[], Any], num_workers: int, ctx: InstrumentedContext | None):
+        """Run one step that waits on the loader under its deadline.
+
+        On expiry the check fails with the driver's and the workers' stacks,
+        naming the step, and the workers this context started are killed.
+        An error the loader raises is remembered for the circuit breaker.
+        """
+        def stacks() -> str:
+            workers = ctx.dump_worker_stacks() if ctx is not None else ""
+            return "\n".join(p for p in (thread_stacks(), workers) if p)
+
+        try:
+            with deadline(name, self.step_timeout(num_workers), on_expiry=stacks):
+                return fn()
+        except StepTimeout as exc:
+            self.last_step_error = (name, exc)
+            if ctx is not None:
+                from pytest_workerstart.probes.reaper import sigchld_ignored
+
+                with sigchld_ignored():
+                    ctx.kill_workers()
+            raise
+        except StopIteration:
+            raise
+        except BaseException as exc:
+            self.last_step_error = (name, exc)
+            raise
+
+    def failure_signature(self, exc: BaseException) -> str | None:
+        """How this check failed, if the loader itself failed inside a step ("hang at next() #1")."""
+        if self.last_step_error is None:
+            return None
+        step, err = self.last_step_error
+        if err is not exc:
+            return None
+        if isinstance(err, StepTimeout):
+            return f"hang at {step}"
+        return f"{type(err).__name__} at {step}: {str(err).splitlines()[0][:120] if str(err) else ''}"
 
     # --- building ----------------------------------------------------------
     def context(self, num_workers: int, faults: FaultPlan | None = None, hold: float | None = None,
@@ -88,12 +132,16 @@ class CheckEnv:
         return ctx
 
     def make(self, dataset, *, num_workers: int, ctx=None, parallelism: int | None = None, **kwargs):
-        """Build the loader under test (``parallelism=None``: don't pass the kwarg)."""
+        """Build the loader under test (``parallelism=None``: don't pass the kwarg).
+
+        Returns it wrapped so that ``iter()`` and every batch are bounded steps."""
         if ctx is None:
             ctx = self.context(num_workers)
         kwargs.setdefault("batch_size", 2)
-        return self.loader.make(dataset, num_workers=num_workers, multiprocessing_context=ctx,
-                                parallelism=parallelism, **kwargs)
+        built = self.step("building the loader", lambda: self.loader.make(
+            dataset, num_workers=num_workers, multiprocessing_context=ctx, parallelism=parallelism, **kwargs),
+            num_workers, ctx)
+        return BoundedLoader(built, self, num_workers, ctx)
 
     @property
     def max_parallel(self) -> bool:
@@ -148,6 +196,40 @@ class CheckEnv:
             ctx.close()
 
 
+class BoundedLoader:
+    """The loader under test, with ``iter()`` and each ``next()`` as bounded steps."""
+
+    def __init__(self, loader, env: CheckEnv, num_workers: int, ctx):
+        self._ws = (loader, env, num_workers, ctx)
+
+    def __iter__(self):
+        loader, env, n, ctx = self._ws
+        return BoundedIterator(env.step("iter()", lambda: iter(loader), n, ctx), env, n, ctx)
+
+    def __len__(self):
+        return len(self._ws[0])
+
+    def __getattr__(self, name):
+        return getattr(self._ws[0], name)
+
+
+class BoundedIterator:
+    def __init__(self, it, env: CheckEnv, num_workers: int, ctx):
+        self._ws = (it, env, num_workers, ctx)
+        self._k = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        it, env, n, ctx = self._ws
+        self._k += 1
+        return env.step(f"next() #{self._k}", lambda: next(it), n, ctx)
+
+    def __getattr__(self, name):
+        return getattr(self._ws[0], name)
+
+
 def batches_of(loader, limit: int | None = None) -> list:
     out = []
     for i, batch in enumerate(loader):
@@ -157,12 +239,8 @@ def batches_of(loader, limit: int | None = None) -> list:
     return out
 
 
-def threads_named(prefix: str) -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith(prefix)]
-
-
 @pytest.fixture
-def ws(request, ws_context, ws_loader, ws_settings):
-    env = CheckEnv(ws_context, ws_loader, ws_settings, request)
+def ws(request, ws_context, ws_loader, ws_settings, ws_step_timeout):
+    env = CheckEnv(ws_context, ws_loader, ws_settings, request, ws_step_timeout)
     yield env
     env.close()

@@ -52,6 +52,42 @@ def _chain(exc) -> list[str]:
     return [f"{type(e).__name__}: {e}"[:600] for e in exception_chain(exc)]
 
 
+# --- preflight ---------------------------------------------------------------
+
+
+def scenario_preflight(loader: dict, context: str, num_workers: int, parallelism: int | None) -> dict[str, Any]:
+    """Build the loader on a tiny suite dataset and fetch one batch.
+
+    Also measures this interpreter's import of torch and the loader: what a
+    spawn worker pays to boot, the unit of every in-process deadline.
+    """
+    t0 = time.monotonic()
+    lut = _setup(loader, context)
+    boot = time.monotonic() - t0
+    from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+
+    dl = lut.make(WorkerTagDataset(8), num_workers=num_workers, multiprocessing_context=context,
+                  parallelism=parallelism, batch_size=2)
+    it = iter(dl)
+    next(it)
+    del it, dl
+    gc.collect()
+    return {"boot_s": boot}
+
+
+def preflight_problem(res: ScenarioResult, timeout: float) -> str | None:
+    """One line saying why the preflight failed, or None."""
+    if res.status == "ok":
+        return None
+    if res.status == "error":
+        return f"building it and fetching one batch raised {res.error.splitlines()[0][:400]}"
+    if res.status == "hang":
+        return f"it hung: no first batch within {timeout:.0f} s (building it, iter() or next())"
+    code = res.returncode
+    how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
+    return f"the process driving it {how} while building it or fetching one batch (a crash of the driver)"
+
+
 # --- child faults during start ----------------------------------------------
 
 

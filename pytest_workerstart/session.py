@@ -25,8 +25,15 @@ SUITE_DIR = Path(__file__).resolve().parent / "conformance"
 if not SUITE_DIR.is_dir():  # running from a source checkout (editable install)
     SUITE_DIR = Path(__file__).resolve().parent.parent / "conformance"
 
-#: Per-check hard limit (pytest-timeout) unless the check sets its own.
+#: Per-check hard limit (pytest-timeout) unless the check sets its own: the
+#: last resort behind the per-step deadlines (see ``step_timeout``).
 CHECK_TIMEOUT_S = 300
+#: Step deadline = max(STEP_FLOOR_S, STEP_BASE_S + STEP_BOOTS x boot cost x num_workers):
+#: a serial start pays one boot per worker; 3x leaves room for a loaded machine.
+STEP_FLOOR_S, STEP_BASE_S, STEP_BOOTS = 20.0, 10.0, 3.0
+#: Hard limit of the preflight scenario unless --workerstart-step-timeout is given.
+PREFLIGHT_TIMEOUT_S = 60.0
+ADAPTER_DOCS = "docs/adapter.md (https://pytest-workerstart.readthedocs.io/adapter/)"
 
 
 class WorkerstartSession:
@@ -41,6 +48,10 @@ class WorkerstartSession:
         self.verdict = Verdict(loader.describe(), self._settings_record())
         self._matched_xfails: set[tuple[str, str | None]] = set()
         self._started = time.monotonic()
+        self.boot_cost: float | None = None  # seconds; measured by the preflight (or lazily)
+        self._streak: list[tuple[str, str]] = []  # (nodeid, failure signature) of the current run of failures
+        # Under xdist only the controller writes the verdict.
+        self._json = None if hasattr(config, "workerinput") else settings.json_path
 
     # --- configuration -----------------------------------------------------
     @classmethod
@@ -138,6 +149,11 @@ class WorkerstartSession:
                 self.verdict.deselect(item.nodeid, marker.args[0], params.get("ws_context"))
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self._select(session)
+        if self.settings.preflight and self.verdict.records and not self.config.option.collectonly:
+            self._preflight()
+
+    def _select(self, session: pytest.Session) -> None:
         for item in session.items:
             marker = item.get_closest_marker("workerstart_check")
             if marker is not None:
@@ -165,6 +181,70 @@ class WorkerstartSession:
     def ws_settings(self) -> Settings:
         return self.settings
 
+    @pytest.fixture
+    def ws_step_timeout(self):
+        return self.step_timeout
+
+    def step_timeout(self, num_workers: int) -> float:
+        """Seconds one in-process step that waits on the loader may take."""
+        if self.settings.step_timeout is not None:
+            return self.settings.step_timeout
+        if self.boot_cost is None:
+            from pytest_workerstart.probes.deadline import measure_boot_cost
+
+            self.boot_cost = measure_boot_cost()
+        return max(STEP_FLOOR_S, STEP_BASE_S + STEP_BOOTS * self.boot_cost * max(1, num_workers))
+
+    # --- preflight and circuit breaker ---------------------------------------
+    def _preflight(self) -> None:
+        """Build the loader and fetch one batch in a fresh interpreter, before any check.
+
+        A loader that cannot do that (rejects the suite's datasets, raises,
+        hangs, crashes the driver) would fail every check the same way, slowly:
+        stop with one line instead, and a verdict that says why nothing ran.
+        """
+        from pytest_workerstart import scenarios
+
+        ctx = self.contexts[0]
+        p = 2 if self.loader.has("parallel_start", ctx) else None
+        timeout = self.settings.step_timeout or PREFLIGHT_TIMEOUT_S
+        res = scenarios.run(self.loader, ctx, "preflight", timeout=timeout, num_workers=2, parallelism=p)
+        problem = scenarios.preflight_problem(res, timeout)
+        if problem is None:
+            self.boot_cost = res.value["boot_s"]
+            return
+        line = (f"workerstart: preflight: loader {self.loader.spec} ({self.loader.qualname}, {ctx}, num_workers=2): "
+                f"{problem}; no check ran. How to adapt a loader: {ADAPTER_DOCS}")
+        self.verdict.not_run_reason = line.removeprefix("workerstart: ")
+        self._write(final=False)
+        pytest.exit(line, returncode=pytest.ExitCode.USAGE_ERROR)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        report = yield
+        if call.when != "call" or item.get_closest_marker("workerstart_check") is None:
+            return report
+        if report.passed:
+            self._streak.clear()
+        elif report.failed and not hasattr(report, "wasxfail"):
+            env = getattr(item, "funcargs", {}).get("ws")
+            sig = env.failure_signature(call.excinfo.value) if env is not None and call.excinfo else None
+            self._observe_failure(item, sig)
+        return report
+
+    def _observe_failure(self, item: pytest.Item, signature: str | None) -> None:
+        if signature is None or (self._streak and self._streak[-1][1] != signature):
+            self._streak.clear()
+        if signature is None:
+            return
+        self._streak.append((item.nodeid, signature))
+        limit = self.settings.circuit_breaker
+        if limit and len(self._streak) >= limit:
+            reason = (f"circuit breaker: the loader failed the same way ({signature}) in {len(self._streak)} "
+                      f"checks in a row; the remaining checks were not run")
+            self.verdict.not_run_reason = reason
+            item.session.shouldstop = reason
+
     # --- reporting ---------------------------------------------------------
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         caps = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}" for k, v in self.loader.capabilities.items())
@@ -175,18 +255,28 @@ class WorkerstartSession:
             f"{'; strict' if self.settings.strict else ''}",
         ]
 
+    def pytest_runtest_logstart(self, nodeid: str, location) -> None:
+        """Mark the check running on disk too: if pytest dies in it, the file says where."""
+        rec = self.verdict.records.get(nodeid)
+        if rec is not None and rec.state == "not_run":
+            rec.state = "running"
+            self._write(final=False)
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props = dict(report.user_properties)
-        check_id = props.get("workerstart_check")
+        check_id, context = props.get("workerstart_check"), props.get("workerstart_context")
         if check_id is None:
-            return
-        rec = self.verdict.apply(report, check_id, props.get("workerstart_context"))
+            known = self.verdict.records.get(report.nodeid)  # e.g. xdist's report of a crashed worker
+            if known is None:
+                return
+            check_id, context = known.id, known.context
+        rec = self.verdict.apply(report, check_id, context)
         if rec.state == "finished":
             self._write(final=False)
 
     def _write(self, *, final: bool, exitstatus: int | None = None) -> None:
-        if self.settings.json_path is not None:
-            self.verdict.write(self.settings.json_path, exitstatus=exitstatus,
+        if self._json is not None:
+            self.verdict.write(self._json, exitstatus=exitstatus,
                                duration_s=time.monotonic() - self._started, final=final)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config) -> None:
@@ -221,6 +311,7 @@ class WorkerstartSession:
             tr.write_line(f"  skipped {n}x: {reason}")
         if counts["not_run"]:
             why = self.verdict.not_run_reason or f"the session ended first (exit status {int(exitstatus)})"
+            why = why.removeprefix("workerstart: ")
             tr.write_line(f"workerstart: INCOMPLETE: {counts['not_run']} selected check(s) did not finish: {why}",
                           red=True)
         if counts["passed"] == 0:
@@ -233,7 +324,7 @@ class WorkerstartSession:
         """Start the guard that cleans up if pytest itself is killed."""
         from pytest_workerstart.probes import reaper
 
-        reaper.start_guard()
+        reaper.start_guard(verdict=self._json)
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus) -> None:
         from pytest_workerstart.probes import reaper

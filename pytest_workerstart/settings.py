@@ -64,6 +64,16 @@ def _bool(value: Any, where: str) -> bool:
     raise _usage(where, f"expected true or false, got {value!r}")
 
 
+def _count(value: Any, where: str) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise _usage(where, f"expected a whole number >= 0, got {value!r}") from None
+    if number < 0:
+        raise _usage(where, f"expected a whole number >= 0, got {value!r}")
+    return number
+
+
 def _profile(value: str, where: str) -> str:
     value = value.strip()
     if value not in PROFILES:
@@ -176,6 +186,14 @@ OPTIONS: tuple[Option, ...] = (
            help="speed.startup threshold (default: derived from boot cost and usable cores)"),
     Option("driver_death_timeout", _positive_float, 15.0, metavar="S",
            help="seconds every process of a killed driver has to disappear"),
+    Option("step_timeout", _positive_float, None, metavar="S",
+           help="deadline of each step that waits on the loader (iter(), a batch) in in-process checks "
+                "(default: derived from the boot cost measured at session start)"),
+    Option("circuit_breaker", _count, 3, metavar="N",
+           help="after N checks in a row fail the same way (a hang, the same error at the same step), "
+                "report the rest as not run (0: never)"),
+    Option("preflight", _bool, True, metavar="BOOL",
+           help="first build the loader and fetch one batch in a fresh interpreter; stop with one line if that fails"),
     Option("xfail", _xfail_file, (), metavar="FILE",
            help="file of expected failures: one 'check.id[context]: reason' per line"),
     Option("json", _json_path, None, metavar="PATH", in_verdict=False,
@@ -196,6 +214,9 @@ class Settings:
     strict: bool
     min_speedup: float | None
     driver_death_timeout: float
+    step_timeout: float | None
+    circuit_breaker: int
+    preflight: bool
     xfail: tuple[tuple[str, str | None, str], ...]
     json: Path | None
     #: option field -> where its value came from ("--workerstart-x", "$WORKERSTART_X", "ini", "default")

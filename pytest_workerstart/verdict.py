@@ -54,6 +54,10 @@ class CheckRecord:
     def apply(self, report: pytest.TestReport) -> None:
         """Fold one phase report (setup, call, teardown) into the record."""
         self.duration_s = round(self.duration_s + report.duration, 3)
+        if report.when not in ("setup", "call", "teardown"):  # xdist: the worker running it crashed
+            self.state, self.outcome = "finished", "error"
+            self.reason = f"crashed: {str(report.longrepr).strip().splitlines()[0][:400]}"
+            return
         if report.when == "teardown":
             self.state = "finished"
         else:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -82,9 +83,10 @@ def test_interrupted_run_claims_nothing_it_did_not_finish(run_suite, pytester):
         from torch.utils.data import DataLoader
 
         def make(dataset, **kwargs):
-            if os.path.exists("calls"):
+            mark = f"calls-{os.getpid()}"  # the preflight runs in another interpreter
+            if os.path.exists(mark):
                 raise KeyboardInterrupt
-            open("calls", "w").close()
+            open(mark, "w").close()
             return DataLoader(dataset, **kwargs)
     """)
     v = run_suite(*FAST, "-k", "start.default_serial or leaks.clean_exit", "--workerstart-loader=interrupting:make")
@@ -102,15 +104,17 @@ def test_interrupted_run_claims_nothing_it_did_not_finish(run_suite, pytester):
 
 def test_a_crashed_pytest_leaves_the_last_consistent_verdict(pytester):
     """The file is rewritten as each check finishes: a driver killed by the loader
-    (here os._exit in the second build) leaves finished checks and complete: false."""
+    (here os._exit in the second build) leaves finished checks and complete: false,
+    and the guard marks the check that was running as the one pytest died in."""
     pytester.makepyfile(crashing="""
         import os
         from torch.utils.data import DataLoader
 
         def make(dataset, **kwargs):
-            if os.path.exists("calls"):
+            mark = f"calls-{os.getpid()}"  # the preflight runs in another interpreter
+            if os.path.exists(mark):
                 os._exit(139)
-            open("calls", "w").close()
+            open(mark, "w").close()
             return DataLoader(dataset, **kwargs)
     """)
     out = pytester.path / "verdict.json"
@@ -119,11 +123,17 @@ def test_a_crashed_pytest_leaves_the_last_consistent_verdict(pytester):
                            "-k", "start.default_serial or leaks.clean_exit", "--workerstart-loader=crashing:make"],
                           cwd=pytester.path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 139, proc.stdout[-2000:]
+    deadline = time.monotonic() + 20
+    while json.loads(out.read_text())["outcome"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
     data = json.loads(out.read_text())
     validate_verdict(data)
-    assert data["complete"] is False and data["outcome"] == "running" and data["exitstatus"] is None
-    assert [c["outcome"] for c in data["checks"] if c["state"] == "finished"] == ["passed"]
-    assert all(c["outcome"] is None for c in data["checks"] if c["state"] != "finished")
+    assert data["complete"] is False and data["outcome"] == "incomplete" and data["exitstatus"] is None
+    finished = [c for c in data["checks"] if c["state"] == "finished"]
+    assert [c["outcome"] for c in finished] == ["passed", "error"], data["checks"]
+    assert "pytest died while this check ran" in finished[1]["reason"]
+    assert all(c["outcome"] is None and "pytest died during" in c["reason"]
+               for c in data["checks"] if c["state"] != "finished")
 
 
 def test_verdict_of_a_plain_run_validates(run_suite):

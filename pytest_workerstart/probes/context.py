@@ -158,10 +158,25 @@ class _InstrumentedProcessMixin:
     def run(self):  # child side
         if not getattr(self, "_ws_booted", False):
             self._ws_emit("boot")  # fork: nothing was unpickled
+        self._ws_arm_stack_dump()
         self._ws_emit("ready")
         for fault in self._ws_faults:
             _faults.apply_child_fault(fault)
         super().run()
+
+    def _ws_arm_stack_dump(self) -> None:
+        """SIGUSR1 writes every thread's stack to ``stacks-PID.txt`` beside the event log
+        (armed before "ready": only ready workers are ever signalled)."""
+        if not self._ws_log:
+            return
+        import faulthandler
+        import signal
+
+        try:
+            self._ws_stack_file = open(os.path.join(os.path.dirname(self._ws_log), f"stacks-{os.getpid()}.txt"), "w")
+            faulthandler.register(signal.SIGUSR1, file=self._ws_stack_file, all_threads=True)
+        except (OSError, ValueError, RuntimeError):
+            pass
 
     def _ws_emit(self, event: str) -> None:
         self._ws_booted = True
@@ -320,6 +335,42 @@ class InstrumentedContext(BaseContext):
             "start_order": self.start_order(generation),
             "workers": [dataclasses.asdict(r) for r in recs],
         }
+
+    def dump_worker_stacks(self, patience: float = 1.0) -> str:
+        """Every thread's stack of each live, ready worker (SIGUSR1 to faulthandler)."""
+        import signal
+
+        import psutil
+
+        self._merge_child_events()
+        mine = {c.pid for c in psutil.Process().children(recursive=True)}
+        targets = [r for r in self._recorder.records.values() if r.pid in mine and r.ready is not None]
+        for r in targets:
+            try:
+                os.kill(r.pid, signal.SIGUSR1)
+            except OSError:
+                pass
+        time.sleep(patience if targets else 0)
+        parts = []
+        for r in targets:
+            try:
+                text = (self.log_dir / f"stacks-{r.pid}.txt").read_text(errors="replace")
+            except OSError:
+                text = ""
+            parts.append(f"--- worker {r.worker} (pid {r.pid}) ---\n{text.strip() or '(no stack written)'}")
+        return "\n".join(parts)
+
+    def kill_workers(self) -> list[int]:
+        """SIGKILL every live worker this context started (descendants of this process only)."""
+        import psutil
+
+        from pytest_workerstart.probes.reaper import kill_and_wait
+
+        self._merge_child_events()
+        pids = {r.pid for r in self._recorder.records.values() if r.pid}
+        victims = [c for c in psutil.Process().children(recursive=True) if c.pid in pids]
+        kill_and_wait(victims)
+        return [v.pid for v in victims]
 
     def close(self) -> None:
         if self._own_dir:

@@ -157,13 +157,13 @@ def reap_session(timeout: float = 5.0) -> list[str]:
             continue
     # torch's SIGCHLD handler raises for a registered worker that we kill here
     # (an iterator the checks leaked): the reaper must not become a crash.
-    with _sigchld_ignored():
+    with sigchld_ignored():
         kill_and_wait(victims, timeout)
     return lines
 
 
 @contextlib.contextmanager
-def _sigchld_ignored():
+def sigchld_ignored():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -177,12 +177,17 @@ def _sigchld_ignored():
 # --- the guard -------------------------------------------------------------------------
 
 
-def start_guard() -> subprocess.Popen:
-    """Start (once per process) the guard that cleans up if this process dies."""
+def start_guard(verdict=None) -> subprocess.Popen:
+    """Start (once per process) the guard that cleans up if this process dies.
+
+    ``verdict``: the JSON verdict path; if this process dies before its final
+    write, the guard records that in the file (see :func:`record_death`).
+    """
     global _guard
     if _guard is None or _guard.poll() is not None:
         me = psutil.Process()
-        _guard = subprocess.Popen([sys.executable, "-m", GUARD_MARKER, str(me.pid), repr(me.create_time())],
+        args = [str(me.pid), repr(me.create_time())] + ([str(verdict)] if verdict else [])
+        _guard = subprocess.Popen([sys.executable, "-m", GUARD_MARKER, *args],
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   start_new_session=True, close_fds=True)
     return _guard
@@ -200,7 +205,43 @@ def stop_guard() -> None:
             guard.wait()
 
 
-def _guard_main(pid: int, ctime: float, interval: float = 0.5) -> int:
+def record_death(path: str) -> None:
+    """pytest died before its final verdict write: say so in the file.
+
+    The check that was running gets outcome ``error`` (the loader may have
+    killed the process driving it); the others stay without outcome.
+    """
+    import json
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return
+    if data.get("outcome") != "running":
+        return  # pytest wrote its final verdict
+    died_in = None
+    for check in data.get("checks", []):
+        if check.get("state") == "running":
+            died_in = check["nodeid"]
+            check.update(state="finished", outcome="error",
+                         reason="pytest died while this check ran (the loader may have crashed the process driving "
+                                "it); recorded by the workerstart guard")
+    for check in data.get("checks", []):
+        if check.get("state") == "not_run":
+            check["reason"] = f"never ran: pytest died during {died_in}" if died_in else "never ran: pytest died"
+    summary = dict.fromkeys(data.get("summary", {}), 0)
+    for check in data.get("checks", []):
+        key = check["outcome"] if check.get("state") == "finished" else "not_run"
+        summary[key] = summary.get(key, 0) + 1
+    data.update(outcome="incomplete", complete=False, summary=summary)
+    tmp = f"{path}.guard.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+
+
+def _guard_main(pid: int, ctime: float, verdict: str | None = None, interval: float = 0.5) -> int:
     """Record ``pid``'s descendants until it dies, then kill what is left of them."""
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # pytest ended normally and stopped us
     try:
@@ -238,8 +279,10 @@ def _guard_main(pid: int, ctime: float, interval: float = 0.5) -> int:
     for sid, leader in sessions.items():
         victims += [p for p in session_members(sid, leader) if p not in victims]
     kill_trackers_last(victims)
+    if verdict:
+        record_death(verdict)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_guard_main(int(sys.argv[1]), float(sys.argv[2])))
+    sys.exit(_guard_main(int(sys.argv[1]), float(sys.argv[2]), *sys.argv[3:4]))

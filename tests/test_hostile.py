@@ -1,0 +1,78 @@
+"""A loader that hangs or crashes gets a verdict in minutes: the preflight, the
+per-step deadlines and the circuit breaker (fixtures/broken/hostile.py)."""
+
+import os
+import time
+
+import psutil
+import pytest
+
+from pytest_workerstart.probes.leaks import SHM_PATTERN, attributed_shm
+
+pytestmark = pytest.mark.slow
+MODULE = "pytest_workerstart.fixtures.broken.hostile"
+LIMIT_S = 300
+
+
+def _shm() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if SHM_PATTERN.match(n)}
+
+
+def _leftovers(t0: float, shm_before: set[str]):
+    """Processes of the run (started after t0, not ours) and /dev/shm entries nobody maps any more."""
+    ours = {p.pid for p in psutil.Process().children(recursive=True)} | {os.getpid()}
+    procs = []
+    for p in psutil.process_iter(["pid", "create_time", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if p.info["pid"] not in ours and p.info["create_time"] >= t0 and (
+                "multiprocessing" in cmd or "pytest_workerstart" in cmd):
+            procs.append(f"pid {p.pid} {cmd[:120]}")
+    new = _shm() - shm_before
+    live = attributed_shm(p.pid for p in psutil.process_iter()) if new else set()
+    return procs, sorted(new - live)
+
+
+@pytest.mark.parametrize("name, expect", [
+    ("HangsAtFirstBatch", "it hung"),
+    ("HangsInIter", "it hung"),
+    ("SegfaultsInIter", "killed by signal 11"),
+    ("SegfaultsInWorker", "DataLoader worker"),
+])
+def test_preflight_gives_a_verdict(run_suite, name, expect):
+    t0, shm_before = time.time(), _shm()
+    v = run_suite(f"--workerstart-loader={MODULE}:{name}", "--workerstart-profile=quick", timeout=LIMIT_S)
+    took = time.time() - t0
+    out = v.result.stdout.str() + v.result.stderr.str()
+    assert v.result.ret == 4, out[-3000:]
+    assert took < LIMIT_S
+    data = v.data
+    assert data["complete"] is False and data["summary"]["passed"] == 0
+    assert data["summary"]["not_run"] == len(data["checks"]) > 0
+    assert all("preflight" in c["reason"] and expect in c["reason"] for c in data["checks"]), data["checks"][0]
+    lines = [ln for ln in out.splitlines() if "workerstart: preflight:" in ln]
+    assert lines and expect in lines[0] and "adapter" in lines[0], out[-3000:]
+    time.sleep(1.0)
+    procs, shm = _leftovers(t0, shm_before)
+    assert not procs and not shm, f"left behind: {procs} {shm}"
+
+
+def test_deadlines_and_circuit_breaker(run_suite):
+    """Passes the preflight, then hangs in every check with 3 workers: each such check
+    fails at its deadline with stacks; after 3 in a row the rest are reported not run."""
+    t0, shm_before = time.time(), _shm()
+    v = run_suite(f"--workerstart-loader={MODULE}:HangsWithThreeWorkers", "--workerstart-profile=quick",
+                  "--workerstart-context=forkserver", "--workerstart-step-timeout=15", timeout=LIMIT_S)
+    took = time.time() - t0
+    out = v.result.stdout.str()
+    data = v.data
+    assert took < LIMIT_S and data["complete"] is False
+    hung = [c for c in data["checks"] if c["state"] == "finished" and c["outcome"] == "failed"]
+    assert len(hung) == 3 and all("the loader hung: next() #1 did not return within 15 s" in c["reason"]
+                                  for c in hung), data["checks"]
+    rest = [c for c in data["checks"] if c["state"] != "finished"]
+    assert rest and all("circuit breaker" in c["reason"] for c in rest), rest[:2]
+    assert "driver thread MainThread" in out and "--- worker 0 (pid" in out, out[-4000:]
+    assert "circuit breaker: the loader failed the same way (hang at next() #1) in 3 checks in a row" in out
+    time.sleep(1.0)
+    procs, shm = _leftovers(t0, shm_before)
+    assert not procs and not shm, f"left behind: {procs} {shm}"
