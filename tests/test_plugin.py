@@ -159,7 +159,8 @@ def test_factory_that_raises_fails_the_check_not_the_session(pytester, run_suite
         def make(dataset, **kwargs):
             raise ValueError("factory exploded")
     """)
-    v = run_suite(*FAST, "-k", "start.default_serial or transfer.shared_memory", "--workerstart-loader=badfactory:make")
+    v = run_suite(*FAST, "-k", "start.default_serial or transfer.shared_memory", "--workerstart-loader=badfactory:make",
+                  "--workerstart-preflight=false")
     assert v.result.ret == 1
     assert v.outcomes("start.default_serial") == ["failed"]
     assert any("factory exploded" in r for r in v.reasons("start.default_serial"))
@@ -177,7 +178,7 @@ def test_expected_failures_file(pytester, run_suite):
             raise RuntimeError("broken on purpose")
     """)
     v = run_suite(*FAST, "-k", "start.default_serial", "--workerstart-loader=serialloader:make",
-                  f"--workerstart-xfail={xf}")
+                  f"--workerstart-xfail={xf}", "--workerstart-preflight=false")
     assert v.outcomes("start.default_serial") == ["xfailed"]
     assert "order.nonexistent" in v.result.stdout.str() and "matches no collected check" in v.result.stdout.str()
     xf.write_text("start.default_serial:\n")
@@ -225,3 +226,14 @@ def test_sigint_leaves_no_process(tmp_path):
         p.kill()
     assert not survivors, f"left behind after SIGINT: {[(p.pid, p.cmdline()) for p in survivors]}\n{out[-2000:]}"
     assert proc.returncode in (2, 130, -2), out[-2000:]
+
+
+def test_factory_that_raises_stops_at_the_preflight(pytester, run_suite):
+    pytester.makepyfile(badfactory="""
+        def make(dataset, **kwargs):
+            raise ValueError("factory exploded")
+    """)
+    v = run_suite(*FAST, "-k", "start.default_serial or transfer.shared_memory", "--workerstart-loader=badfactory:make")
+    assert v.result.ret == 4
+    assert all(c["state"] == "not_run" and "ValueError: factory exploded" in c["reason"] for c in v.data["checks"])
+    assert "workerstart: preflight: loader badfactory:make" in v.result.stdout.str()
