@@ -149,6 +149,7 @@ class Option:
     ini_type: str | None = None  # pytest ini type ("bool", "linelist") or None (string)
     env: bool = True
     ini: bool = True
+    ini_key: str | None = None  # when the ini key is not ``workerstart_<field>``
     #: False for options that only say where output goes (they cannot change a verdict).
     in_verdict: bool = True
 
@@ -166,7 +167,7 @@ class Option:
 
     @property
     def ini_name(self) -> str | None:
-        return self.dest if self.ini else None
+        return (self.ini_key or self.dest) if self.ini else None
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -175,6 +176,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("parallelism_kwarg", _text, None, metavar="NAME",
            help="keyword that sets start parallelism ('none': the loader has no parallel start)"),
     Option("capability", _capabilities, (), metavar="NAME=VALUE", kind="list", ini_type="linelist",
+           ini_key="workerstart_capabilities",
            help="declare or override a capability, e.g. parallel_start=spawn,forkserver (repeatable)"),
     Option("context", _contexts, None, metavar="LIST",
            help="comma-separated contexts to check (default: every context the platform offers)"),
@@ -204,7 +206,7 @@ BY_FIELD = {o.field: o for o in OPTIONS}
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """The resolved options of one run; checks see it as ``ws.settings``."""
+    """The resolved options of one run; checks see it as ``check_env.settings``."""
 
     loader: str
     parallelism_kwarg: str | None
@@ -252,8 +254,11 @@ SETTINGS = pytest.StashKey[Settings]()
 def add_options(parser: pytest.Parser) -> None:
     """Register every option as a flag and (where it has one) an ini key."""
     group = parser.getgroup("workerstart", "worker-start conformance suite (pytest-workerstart)")
+    from pytest_workerstart import registry
+
     group.addoption("--workerstart", action="store_true", default=False,
-                    help="collect and run the worker-start conformance suite (in addition to any paths given)")
+                    help="collect and run the worker-start conformance suite (in addition to any paths given); "
+                         f"its checks: {', '.join(registry.CHECKS)}")
     for opt in OPTIONS:
         where = [opt.flag]
         if opt.env_name:

@@ -8,41 +8,30 @@ not related to the defect must not.
 
 import pytest
 
+from pytest_workerstart import registry
 from pytest_workerstart.fixtures.broken.loaders import CATCHES, SPEED_CATCHES
 
 pytestmark = pytest.mark.slow
 MODULE = "pytest_workerstart.fixtures.broken.loaders"
 SENTINELS = ("start.default_serial", "order.registration", "digest.first_batch", "leaks.clean_exit",
              "transfer.shared_memory")
-ALL_IDS = {
-    "start.parameter_validation", "start.default_serial", "start.respects_bound", "start.builds_all_before_start",
-    "order.registration", "order.worker_seeds", "digest.first_batch", "failure.parent_start_error",
-    "failure.child_exit_during_start", "failure.child_killed_during_start", "failure.child_hang_during_start",
-    "failure.worker_init_error", "failure.retry_after_failure", "failure.interrupt_during_start",
-    "failure.driver_killed", "leaks.clean_exit", "persistent.reuse", "prefetch.bound",
-    "sharding.exactly_once", "transfer.shared_memory", "speed.startup", "speed.steady_state", "speed.memory",
-}
 
 
 def test_every_check_id_has_a_broken_loader():
-    caught = {t for targets, _, _ in CATCHES.values() for t in _ids(targets)}
-    caught |= {target for target, _ in SPEED_CATCHES.values()}  # tests/test_speed_checks.py
-    assert ALL_IDS - caught == set(), f"check ids no broken loader fails: {sorted(ALL_IDS - caught)}"
-
-
-def _ids(targets):
-    return (targets,) if isinstance(targets, str) else tuple(targets)
+    caught = {t for c in (*CATCHES.values(), *SPEED_CATCHES.values()) for t in c.targets}
+    missing = set(registry.CHECKS) - caught
+    assert not missing, f"check ids no broken loader fails: {sorted(missing)}"
 
 
 @pytest.mark.parametrize("name", sorted(CATCHES))
 def test_broken_loader_is_caught(run_suite, name):
-    targets, related, extra = CATCHES[name]
-    targets = _ids(targets)
-    ids = list(targets) + [s for s in SENTINELS if s not in targets and s not in related]
+    catch = CATCHES[name]
+    targets = catch.targets
+    ids = list(targets) + [s for s in SENTINELS if s not in targets and s not in catch.related]
     verdict = run_suite(f"--workerstart-loader={MODULE}:{name}", "--workerstart-context=forkserver",
-                        "--workerstart-profile=quick", "-k", " or ".join(ids), *extra)
+                        "--workerstart-profile=quick", "-k", " or ".join(ids), *catch.options)
     for target in targets:
         assert "failed" in verdict.outcomes(target), (
             f"{name}: {target} did not fail: {verdict.outcomes(target)}\n{verdict.result.stdout.str()[-2500:]}")
-    collateral = verdict.failed_ids() - set(targets) - set(related)
+    collateral = verdict.failed_ids() - set(targets) - set(catch.related)
     assert not collateral, f"{name}: unrelated checks failed too: {sorted(collateral)}"

@@ -1,7 +1,7 @@
 """Speed checks against their broken loaders, under spawn in the full profile.
 
 The reference passes all three; each speed broken loader fails its target
-(``SPEED_CATCHES``) and nothing unrelated. Each run is one shared measurement
+(``@catches(..., speed=True)``) and nothing unrelated. Each run is one shared measurement
 (3 configurations x 3 fresh-process trials), about two minutes on 2 cores.
 """
 
@@ -26,7 +26,7 @@ def test_reference_passes_every_speed_check(run_suite):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", sorted(SPEED_CATCHES))
 def test_speed_broken_loader_is_caught(run_suite, name):
-    target, related = SPEED_CATCHES[name]
+    (target,), related = SPEED_CATCHES[name].targets, SPEED_CATCHES[name].related
     verdict = run_suite(f"--workerstart-loader={MODULE}:{name}", *ARGS)
     assert verdict.outcomes(target) == ["failed"], (
         f"{name}: {target} did not fail: {verdict.outcomes(target)}\n{verdict.result.stdout.str()[-3000:]}")

@@ -14,11 +14,10 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+
 
 PARENT_KINDS = ("start_error", "start_delay", "interrupt")
 CHILD_KINDS = ("child_exit", "child_hang", "child_kill")
-POSITIONS = ("first", "middle", "last")
 
 
 def position_to_worker(position: str | int, num_workers: int) -> int:
@@ -143,5 +142,14 @@ def apply_child_fault(fault: Fault) -> None:
             time.sleep(3600)
 
 
-def describe_fault(fault: Any) -> str:
-    return f"{fault.kind} at worker {fault.worker}"
+def exception_chain(exc: BaseException | None):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def describe_chain(exc: BaseException | None) -> list[str]:
+    """``Type: message`` for each exception of ``exc``'s chain (for JSON reports)."""
+    return [f"{type(e).__name__}: {e}"[:600] for e in exception_chain(exc)]

@@ -1,4 +1,4 @@
-"""What every conformance check gets as its ``ws`` fixture.
+"""What every conformance check gets as its ``check_env`` fixture.
 
 Checks stay short: they describe the scenario and the expectation; building
 the loader through the protocol, instrumenting the context, holding and then
@@ -9,41 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import multiprocessing
 from typing import Any, Callable
 
 import pytest
 
-from pytest_workerstart.probes.context import InstrumentedContext
+from pytest_workerstart.probes.context import InstrumentedContext, warm_forkserver
 from pytest_workerstart.probes.deadline import StepTimeout, deadline, thread_stacks
 from pytest_workerstart.probes.faults import FaultPlan
 from pytest_workerstart.probes.leaks import LeakReport, LeakSnapshot
 
-#: Modules the forkserver imports once, so forked workers boot in milliseconds.
-#: Explicit names: the implicit ``__main__`` preload differs across Python
-#: versions (cpython#126631) and the suite must not depend on it.
-FORKSERVER_PRELOAD = ["torch", "torch.utils.data", "pytest_workerstart.fixtures.datasets",
-                      "pytest_workerstart.reference", "pytest_workerstart.probes.context"]
-
-_preloaded = False
-
 #: How long teardown may take before what is left counts as leaked. Stock torch
 #: needs ~16 s after a held worker error (a 5 s join per worker, then terminate).
 LEAK_PATIENCE_S = 20.0
-
-
-def warm_forkserver() -> None:
-    """Set the preload list before the forkserver first starts, then start it
-    (and the resource tracker) so their one-time fds precede any snapshot."""
-    global _preloaded
-    if _preloaded:
-        return
-    from multiprocessing import forkserver, resource_tracker
-
-    multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
-    forkserver.ensure_running()
-    resource_tracker.ensure_running()
-    _preloaded = True
 
 
 class HeldException:
@@ -59,14 +36,6 @@ class HeldException:
     def release(self) -> None:
         self._box.clear()
         gc.collect()
-
-
-def exception_chain(exc: BaseException | None):
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
 
 
 @dataclasses.dataclass
@@ -144,7 +113,7 @@ class CheckEnv:
         return BoundedLoader(built, self, num_workers, ctx)
 
     @property
-    def max_parallel(self) -> bool:
+    def parallel_start_here(self) -> bool:
         return self.loader.has("parallel_start", self.context_name)
 
     def snapshot(self) -> LeakSnapshot:
@@ -240,7 +209,14 @@ def batches_of(loader, limit: int | None = None) -> list:
 
 
 @pytest.fixture
-def ws(request, ws_context, ws_loader, ws_settings, ws_step_timeout):
+def check_env(request, ws_context, ws_loader, ws_settings, ws_step_timeout):
+    """The environment of one check; skips it (with the reason) if the loader lacks what it needs."""
+    from pytest_workerstart import protocol, registry
+
+    marker = request.node.get_closest_marker("workerstart_check")
+    gap = protocol.requirement_gap(ws_loader, registry.get(marker.args[0]), ws_context) if marker else None
+    if gap:
+        pytest.skip(gap)
     env = CheckEnv(ws_context, ws_loader, ws_settings, request, ws_step_timeout)
     yield env
     env.close()
