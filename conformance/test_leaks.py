@@ -3,7 +3,8 @@
 Each way is its own case: full exhaustion, early ``break`` + ``del``, an
 exception raised by the training loop itself, and persistent workers shut
 down by deleting the loader. Batches are released before measuring: an fd
-backing a batch the test still holds is not a leak.
+backing a batch the test still holds is not a leak. Processes and threads have
+``--workerstart-exit-timeout`` (default 5 s) to go once the loader is done.
 """
 
 import pytest
@@ -46,4 +47,4 @@ def test_clean_exit(check_env, ending):
                 pass
         del batch
     del loader
-    check_env.assert_clean(before, f"after {ending.replace('_', ' ')}")
+    check_env.assert_clean(before, f"after {ending.replace('_', ' ')}", timeout=check_env.settings.exit_timeout)

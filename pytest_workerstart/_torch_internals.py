@@ -102,10 +102,23 @@ def check_supported(version: str | None = None) -> None:
     if extra:
         raise UnsupportedTorchError(f"torch {version}: _MultiProcessingDataLoaderIter.__init__ sets "
                                     f"{sorted(extra)}, which the reference loader does not")
+    it = BaseIter(_dl.DataLoader(range(2), generator=torch.Generator().manual_seed(1234)))
+    if it._base_seed != torch_worker_seeds(1234, 1)[0]:
+        raise UnsupportedTorchError(f"torch {version}: worker seeds are no longer the generator's first draw")
     for func, needed in ((BaseIter.__init__, BASE_STATE), (MultiProcessingIter._reset, RESET_STATE)):
         missing = needed - _assigned(func)
         if missing:
             raise UnsupportedTorchError(f"torch {version}: {func.__qualname__} no longer sets {sorted(missing)}")
+
+
+def torch_worker_seeds(generator_seed: int, num_workers: int) -> dict[int, int]:
+    """The seed torch gives each worker for a loader whose generator was seeded with
+    ``generator_seed`` (sequential sampler): ``base_seed + worker_id``, ``base_seed``
+    being the iterator's first draw from that generator. :func:`check_supported`
+    verifies this against torch's own iterator."""
+    g = torch.Generator().manual_seed(generator_seed)
+    base = int(torch.empty((), dtype=torch.int64).random_(generator=g).item())
+    return {w: base + w for w in range(num_workers)}
 
 
 def worker_init_fn_for(it, loader):

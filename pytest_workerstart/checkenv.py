@@ -18,8 +18,9 @@ from pytest_workerstart.probes.deadline import StepTimeout, deadline, thread_sta
 from pytest_workerstart.probes.faults import FaultPlan
 from pytest_workerstart.probes.leaks import LeakReport, LeakSnapshot
 
-#: How long teardown may take before what is left counts as leaked. Stock torch
-#: needs ~16 s after a held worker error (a 5 s join per worker, then terminate).
+#: How long teardown after a *failure* may take before what is left counts as
+#: leaked. Stock torch needs ~16 s after a held worker error (a 5 s join per
+#: worker, then terminate). Ordinary endings get ``--workerstart-exit-timeout``.
 LEAK_PATIENCE_S = 20.0
 
 

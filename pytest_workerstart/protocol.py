@@ -32,6 +32,7 @@ CAPABILITIES: dict[str, tuple[str, Any, str]] = {
     "timeout": ("bool", True, "honours timeout= while waiting for a batch"),
     "worker_init_fn": ("bool", True, "calls worker_init_fn in each worker"),
     "iterable_dataset": ("bool", True, "supports IterableDataset"),
+    "torch_parity": ("bool", True, "delivers torch DataLoader's batches and worker seeds for the same arguments"),
     "driver_watchdog": ("bool", True, "workers exit when the driving process dies"),
 }
 

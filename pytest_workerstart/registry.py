@@ -68,7 +68,10 @@ CHECKS: dict[str, Check] = {c.id: c for c in (
     Check("order.registration", "batch k comes from worker k mod N whatever order starts finish in",
           requires=("in_order",)),
     Check("order.worker_seeds", "per-worker seeds do not depend on parallelism or context"),
-    Check("digest.first_batch", "the first batch is the same for every parallelism and context"),
+    Check("digest.first_batch", "the first batch is the same for every parallelism and context, with the "
+                                "dataset's content"),
+    Check("digest.torch_parity", "the first batches equal torch's DataLoader's for the same arguments",
+          requires=("torch_parity",)),
     Check("failure.parent_start_error", "a failing start() surfaces naming the worker; leak rule"),
     Check("failure.worker_init_error", "a raising worker_init_fn surfaces with the worker's id",
           requires=("worker_init_fn",)),

@@ -135,6 +135,9 @@ def judge_child_fault(out: dict, worker: int, timeout: float | None = None) -> N
     pid = out["pids"].get(str(worker)) or out["pids"].get(worker)
     names = [f"worker {worker}", f"worker process {worker}"] + ([str(pid)] if pid else [])
     assert any(n in text for n in names), f"the error does not name worker {worker} (pid {pid}): {text[:400]}"
+    assert not out["live_while_held"], (
+        f"while the error is held (the leak rule): processes or threads of the loader are still alive:\n"
+        f"{out['live_while_held']}")
     if timeout is not None:
         within = timeout + max(10.0, 2 * out["max_boot"])
         assert out["since_ready"] <= within, (

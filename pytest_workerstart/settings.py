@@ -188,6 +188,9 @@ OPTIONS: tuple[Option, ...] = (
            help="speed.startup threshold (default: derived from boot cost and usable cores)"),
     Option("driver_death_timeout", _positive_float, 15.0, metavar="S",
            help="seconds every process of a killed driver has to disappear"),
+    Option("exit_timeout", _positive_float, 5.0, metavar="S",
+           help="seconds after the loader's end (exhaustion, break, del) for its processes and threads to go "
+                "(leaks.clean_exit; failure paths keep their own, documented patience)"),
     Option("step_timeout", _positive_float, None, metavar="S",
            help="deadline of each step that waits on the loader (iter(), a batch) in in-process checks "
                 "(default: derived from the boot cost measured at session start)"),
@@ -216,6 +219,7 @@ class Settings:
     strict: bool
     min_speedup: float | None
     driver_death_timeout: float
+    exit_timeout: float
     step_timeout: float | None
     circuit_breaker: int
     preflight: bool

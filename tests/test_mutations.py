@@ -9,10 +9,11 @@ not related to the defect must not.
 import pytest
 
 from pytest_workerstart import registry
-from pytest_workerstart.fixtures.broken.loaders import CATCHES, SPEED_CATCHES
+from pytest_workerstart.fixtures.broken import catalog
+
+CATCHES, SPEED_CATCHES = catalog.load()
 
 pytestmark = pytest.mark.slow
-MODULE = "pytest_workerstart.fixtures.broken.loaders"
 SENTINELS = ("start.default_serial", "order.registration", "digest.first_batch", "leaks.clean_exit",
              "transfer.shared_memory")
 
@@ -28,7 +29,7 @@ def test_broken_loader_is_caught(run_suite, name):
     catch = CATCHES[name]
     targets = catch.targets
     ids = list(targets) + [s for s in SENTINELS if s not in targets and s not in catch.related]
-    verdict = run_suite(f"--workerstart-loader={MODULE}:{name}", "--workerstart-context=forkserver",
+    verdict = run_suite(f"--workerstart-loader={catch.spec}", "--workerstart-context=forkserver",
                         "--workerstart-profile=quick", "-k", " or ".join(ids), *catch.options)
     for target in targets:
         assert "failed" in verdict.outcomes(target), (

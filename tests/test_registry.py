@@ -5,7 +5,9 @@ import re
 from pathlib import Path
 
 from pytest_workerstart import registry
-from pytest_workerstart.fixtures.broken.loaders import CATCHES, SPEED_CATCHES
+from pytest_workerstart.fixtures.broken import catalog
+
+CATCHES, SPEED_CATCHES = catalog.load()
 
 ROOT = Path(__file__).resolve().parent.parent
 

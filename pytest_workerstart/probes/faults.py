@@ -143,11 +143,18 @@ def apply_child_fault(fault: Fault) -> None:
 
 
 def exception_chain(exc: BaseException | None):
+    """``exc`` and the errors it surfaces, as a user sees them in the traceback.
+
+    An error surfaces the original through ``__cause__`` (``raise ... from e``),
+    or through ``__context__`` unless that is suppressed: ``raise ... from None``
+    hides the original from the user, so it does not count.
+    """
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         yield exc
-        exc = exc.__cause__ or exc.__context__
+        exc = exc.__cause__ if exc.__cause__ is not None else (
+            None if exc.__suppress_context__ else exc.__context__)
 
 
 def describe_chain(exc: BaseException | None) -> list[str]:
