@@ -48,8 +48,9 @@ class CheckEnv:
     #: num_workers -> seconds a step that waits on the loader may take (None: unbounded)
     step_timeout: Callable[[int], float | None] = lambda n: None
     _contexts: list = dataclasses.field(default_factory=list)
-    #: (step, exception) of the last error the loader raised inside a bounded step
-    last_step_error: tuple[str, BaseException] | None = None
+    #: (step, id, description) of the last error the loader raised inside a bounded
+    #: step; never the exception itself, whose traceback would keep the loader alive
+    last_step_error: tuple[str, int, str] | None = None
 
     # --- bounded steps -------------------------------------------------------
     def step(self, name: str, fn: Callable[[], Any], num_workers: int, ctx: InstrumentedContext | None):
@@ -67,7 +68,7 @@ class CheckEnv:
             with deadline(name, self.step_timeout(num_workers), on_expiry=stacks):
                 return fn()
         except StepTimeout as exc:
-            self.last_step_error = (name, exc)
+            self.last_step_error = (name, id(exc), "hang")
             if ctx is not None:
                 from pytest_workerstart.probes.reaper import sigchld_ignored
 
@@ -77,19 +78,18 @@ class CheckEnv:
         except StopIteration:
             raise
         except BaseException as exc:
-            self.last_step_error = (name, exc)
+            first = str(exc).splitlines()[0][:120] if str(exc) else ""
+            self.last_step_error = (name, id(exc), f"{type(exc).__name__}: {first}")
             raise
 
     def failure_signature(self, exc: BaseException) -> str | None:
         """How this check failed, if the loader itself failed inside a step ("hang at next() #1")."""
         if self.last_step_error is None:
             return None
-        step, err = self.last_step_error
-        if err is not exc:
+        step, ident, what = self.last_step_error
+        if ident != id(exc):  # the check failed for another reason
             return None
-        if isinstance(err, StepTimeout):
-            return f"hang at {step}"
-        return f"{type(err).__name__} at {step}: {str(err).splitlines()[0][:120] if str(err) else ''}"
+        return f"hang at {step}" if what == "hang" else f"{what.split(':', 1)[0]} at {step}: {what.split(': ', 1)[-1]}"
 
     # --- building ----------------------------------------------------------
     def context(self, num_workers: int, faults: FaultPlan | None = None, hold: float | None = None,

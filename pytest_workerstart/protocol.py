@@ -57,6 +57,9 @@ class LoaderUnderTest:
     version: str
     parallelism_kwarg: str | None
     capabilities: dict[str, Any]
+    #: a user's loader for which no parallelism keyword was declared or found
+    #: (the summary says so: parallel start was then never exercised)
+    kwarg_not_found: bool = False
 
     def parallel_contexts(self) -> tuple[str, ...]:
         return tuple(self.capabilities.get("parallel_start", ()))
@@ -217,6 +220,7 @@ def resolve(
     ``"none"`` means "no parallel start".
     """
     spec = spec.strip()
+    known = spec in BUILTIN_NAMES  # built-ins say themselves whether they have a keyword
     caps: dict[str, Any] = {name: default for name, (_, default, _) in CAPABILITIES.items()}
     if ":" in spec:
         factory = _import_attr(spec)
@@ -241,6 +245,7 @@ def resolve(
             except SpecError:
                 continue
             if b_factory is factory:
+                known = True
                 declared = {**b_caps, **(declared or {})}
                 default_kwarg = default_kwarg or b_kwarg
         for key, value in (declared or {}).items():
@@ -277,6 +282,8 @@ def resolve(
         version=_version_of(factory),
         parallelism_kwarg=kwarg,
         capabilities=caps,
+        kwarg_not_found=kwarg is None and parallelism_kwarg is None and not known
+        and getattr(factory, "__workerstart_parallelism_kwarg__", None) is None,
     )
 
 

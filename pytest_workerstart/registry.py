@@ -45,6 +45,9 @@ class Check:
     serial_only: bool = False
     #: conformance module, when not the clause's
     module: str | None = None
+    #: exercises parallel start (p > 1) where the loader declares it; the quick
+    #: profile then runs it in such a context, and the coverage record says so
+    parallel_path: bool = True
 
     @property
     def clause(self) -> str:
@@ -59,8 +62,8 @@ _SPEED = dict(contexts=("spawn",), quick_contexts=("spawn",), serial_only=True, 
 
 CHECKS: dict[str, Check] = {c.id: c for c in (
     Check("start.parameter_validation", "a bad parallelism value is rejected naming the argument",
-          needs_parallelism_kwarg=True),
-    Check("start.default_serial", "without the parallelism argument, one start at a time"),
+          needs_parallelism_kwarg=True, parallel_path=False),
+    Check("start.default_serial", "without the parallelism argument, one start at a time", parallel_path=False),
     Check("start.respects_bound", "with p in {1, 2, N}, exactly min(p, N) starts overlap",
           requires=("parallel_start",), quick_contexts=("spawn", "forkserver")),
     Check("start.builds_all_before_start", "every Process exists before the first start()",

@@ -45,6 +45,7 @@ class WorkerstartSession:
         #: embedded: the checks were imported into a project's own tests (see plugin.embed)
         self.embedded = embedded
         self._preflown: set[str] = set()
+        self._from_fixture: tuple | None = None  # (what workerstart_loader returned, its LoaderUnderTest)
         self.loader = loader
         self.settings = settings
         self.contexts = contexts
@@ -75,6 +76,21 @@ class WorkerstartSession:
             self._add_suite_path()
         return self
 
+    def coverage(self) -> dict[str, dict[str, str]]:
+        """Per context that ran, per clause: "parallel" if a check of it ran (passed or
+        failed) where the loader declares parallel start, else "serial"."""
+        declared = set(self.loader.parallel_contexts())
+        out: dict[str, dict[str, str]] = {}
+        for r in self.verdict.records.values():
+            if r.state != "finished" or r.outcome in ("skipped", None) or r.context is None:
+                continue
+            check = registry.CHECKS.get(r.id)
+            path = "parallel" if check and check.parallel_path and r.context in declared else "serial"
+            clauses = out.setdefault(r.context, {})
+            if clauses.get(check.clause if check else r.id) != "parallel":
+                clauses[check.clause if check else r.id] = path
+        return {ctx: dict(sorted(c.items())) for ctx, c in sorted(out.items())}
+
     def _settings_record(self) -> dict[str, Any]:
         record = self.settings.for_verdict()
         record["parallelism_kwarg"] = self.loader.parallelism_kwarg
@@ -98,8 +114,12 @@ class WorkerstartSession:
         check_id, only = spec.id, spec.contexts
         contexts = [c for c in self.contexts if only is None or c in only]
         if self.settings.profile == "quick":
-            # forkserver (with preload) unless the clause says it is about spawn too
+            # forkserver (with preload) unless the clause says it is about spawn too; a
+            # clause with a parallel path runs where the loader declares parallel start
             wanted = spec.quick_contexts
+            declared = self.loader.parallel_contexts()
+            if spec.parallel_path and declared and not set(wanted) & set(declared):
+                wanted = declared
             quick = [c for c in contexts if c in wanted]
             contexts = quick or contexts[:1]
         if not contexts:
@@ -171,18 +191,20 @@ class WorkerstartSession:
                 self.verdict.select(nodeid, *parsed)
 
     # --- fixtures available to the checks ----------------------------------
-    @pytest.fixture(scope="module")
+    @pytest.fixture
     def ws_loader(self, workerstart_loader) -> protocol.LoaderUnderTest:
         """The loader under test: the SPEC of the settings, or what a project's
         ``workerstart_loader`` fixture returns (resolved, and preflown, once)."""
         if workerstart_loader is None:
             return self.loader
-        try:
-            loader = protocol.from_factory(workerstart_loader)
-        except protocol.SpecError as exc:
-            raise pytest.UsageError(f"workerstart_loader fixture: {exc}") from None
-        if loader.spec != self.loader.spec:
-            self.adopt(loader)
+        if self._from_fixture is None or self._from_fixture[0] is not workerstart_loader:
+            try:
+                loader = protocol.from_factory(workerstart_loader)
+            except protocol.SpecError as exc:
+                raise pytest.UsageError(f"workerstart_loader fixture: {exc}") from None
+            self._from_fixture = (workerstart_loader, loader)
+            if loader.spec != self.loader.spec:
+                self.adopt(loader)
         return self.loader
 
     def adopt(self, loader: protocol.LoaderUnderTest) -> None:
@@ -293,6 +315,7 @@ class WorkerstartSession:
 
     def _write(self, *, final: bool, exitstatus: int | None = None) -> None:
         if self._json is not None:
+            self.verdict.coverage = self.coverage()
             self.verdict.write(self._json, exitstatus=exitstatus,
                                duration_s=time.monotonic() - self._started, final=final)
 
@@ -331,6 +354,15 @@ class WorkerstartSession:
             why = why.removeprefix("workerstart: ")
             tr.write_line(f"workerstart: INCOMPLETE: {counts['not_run']} selected check(s) did not finish: {why}",
                           red=True)
+        coverage = self.coverage()
+        for ctx, clauses in coverage.items():
+            parallel = [c for c, path in clauses.items() if path == "parallel"]
+            tr.write_line(f"workerstart: coverage {ctx}: parallel start exercised in "
+                          f"{', '.join(parallel) if parallel else 'no clause'}")
+        if self.loader.kwarg_not_found:
+            tr.write_line(f"workerstart: no parallelism keyword found for {self.loader.spec}: parallel start was never "
+                          f"exercised; name it with --workerstart-parallelism-kwarg=NAME "
+                          f"(or --workerstart-parallelism-kwarg=none to silence this)", yellow=True)
         if counts["passed"] == 0:
             tr.write_line("workerstart: WARNING: no check passed; this verdict covers nothing", red=True)
 

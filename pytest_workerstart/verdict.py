@@ -117,6 +117,8 @@ class Verdict:
         self.records: dict[str, CheckRecord] = {}
         self.deselected: list[dict[str, Any]] = []
         self.not_run_reason = ""
+        #: context -> clause -> "parallel" | "serial" (set by the session before each write)
+        self.coverage: dict[str, dict[str, str]] = {}
 
     def select(self, nodeid: str, check_id: str, context: str | None) -> CheckRecord:
         rec = self.records.get(nodeid)
@@ -179,6 +181,7 @@ class Verdict:
             "settings": {**self.settings, "contexts_run": self.contexts_run()},
             "checks": checks,
             "deselected": self.deselected,
+            "coverage": self.coverage,
             "summary": counts,
             "duration_s": round(duration_s, 3),
         }

@@ -225,3 +225,32 @@ def test_sigint_leaves_no_process(tmp_path):
         p.kill()
     assert not survivors, f"left behind after SIGINT: {[(p.pid, p.cmdline()) for p in survivors]}\n{out[-2000:]}"
     assert proc.returncode in (2, 130, -2), out[-2000:]
+
+
+def test_no_parallelism_keyword_is_said_in_one_line(pytester, run_suite):
+    pytester.makepyfile(concurrency="""
+        from torch.utils.data import DataLoader
+
+        class Loader(DataLoader):
+            def __init__(self, *args, start_concurrency=1, **kwargs):
+                super().__init__(*args, **kwargs)
+    """)
+    v = run_suite(*FAST, "-k", "start.default_serial or order.registration", "--workerstart-loader=concurrency:Loader")
+    out = v.result.stdout.str()
+    assert "workerstart: no parallelism keyword found for concurrency:Loader: parallel start was never exercised; " \
+           "name it with --workerstart-parallelism-kwarg=NAME" in out, out[-2000:]
+    assert v.data["coverage"] == {"forkserver": {"order": "serial", "start": "serial"}}
+    named = run_suite(*FAST, "-k", "order.registration", "--workerstart-loader=concurrency:Loader",
+                      "--workerstart-parallelism-kwarg=start_concurrency")
+    assert "no parallelism keyword found" not in named.result.stdout.str()
+    assert named.data["coverage"] == {"forkserver": {"order": "parallel"}}
+
+
+def test_quick_profile_runs_parallel_clauses_where_parallel_start_is_declared(pytester):
+    """A spawn-only parallel loader: the quick profile's parallel-path clauses run under spawn."""
+    result = pytester.runpytest_subprocess("--workerstart", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                           "--workerstart-profile=quick",
+                                           "--workerstart-capability=parallel_start=spawn")
+    out = result.stdout.str()
+    assert "order.registration-spawn" in out and "order.registration-forkserver" not in out, out[-2000:]
+    assert "start.default_serial-forkserver" in out  # a serial clause keeps the quick default
