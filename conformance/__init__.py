@@ -1,0 +1,45 @@
+"""The conformance suite: one module per contract clause (see the registry).
+
+``pytest --workerstart`` collects these modules from the installed package.
+A project that ships a loader can instead run them from its own tests, with
+no command-line flag (docs/adapter.md)::
+
+    # tests/test_workerstart.py
+    from pytest_workerstart.conformance import *  # noqa: F401,F403
+
+    # tests/conftest.py
+    @pytest.fixture(scope="session")
+    def workerstart_loader():
+        return MyLoader
+
+The check functions are imported lazily, on that star import only, so
+collecting the suite's own modules never imports them twice.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_MODULES = ("test_start", "test_order", "test_digest", "test_failure", "test_driver_death", "test_leaks",
+            "test_persistent", "test_prefetch", "test_sharding", "test_transfer", "test_speed")
+
+
+def _checks() -> dict:
+    found = {}
+    for name in _MODULES:
+        module = importlib.import_module(f"{__name__}.{name}")
+        for attr, value in vars(module).items():
+            if attr.startswith("test_") and callable(value):
+                if attr in found:
+                    raise ImportError(f"two checks named {attr}")
+                found[attr] = value
+    return found
+
+
+def __getattr__(name: str):
+    if name == "__all__":
+        return list(_checks())
+    checks = _checks()
+    if name in checks:
+        return checks[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

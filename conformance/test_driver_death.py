@@ -17,17 +17,17 @@ check = pytest.mark.workerstart_check
 N = 2
 
 
-@check("failure.driver_killed", quick_contexts=("forkserver",))
+@check("failure.driver_killed")
 @pytest.mark.parametrize("case", ["after_first_batch", "mid_start"])
 @pytest.mark.parametrize("exit_mode", ["sigkill", "exit"])
-def test_driver_killed(ws, case, exit_mode):
-    if ws.settings.profile == "quick" and (case, exit_mode) != ("mid_start", "sigkill"):
+def test_driver_killed(check_env, case, exit_mode):
+    if check_env.settings.profile == "quick" and (case, exit_mode) != ("mid_start", "sigkill"):
         pytest.skip("quick profile: a SIGKILL mid-start only")
-    bound = ws.settings.driver_death_timeout
+    bound = check_env.settings.driver_death_timeout
     res = run_driver_death(
         "pytest_workerstart.scenarios:scenario_driver",
-        {"loader": scenarios.loader_payload(ws.loader), "context": ws.context_name, "case": case, "num_workers": N,
-         "parallelism": N if ws.max_parallel else None},
+        {"loader": check_env.loader.payload(), "context": check_env.context_name, "case": case, "num_workers": N,
+         "parallelism": N if check_env.parallel_start_here else None},
         exit_mode=exit_mode, bound=bound, env=scenarios.child_env())
     if res.setup_error:
         pytest.fail(res.report(), pytrace=False)

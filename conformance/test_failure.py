@@ -15,21 +15,22 @@ import torch
 
 from pytest_workerstart import scenarios
 from pytest_workerstart.fixtures.datasets import WorkerTagDataset
-from pytest_workerstart.harness import batches_of, exception_chain
-from pytest_workerstart.probes.faults import FaultPlan, InjectedStartError, InjectedWorkerInitError, position_to_worker
+from pytest_workerstart.checkenv import batches_of
+from pytest_workerstart.probes.faults import (FaultPlan, InjectedStartError, InjectedWorkerInitError, exception_chain,
+                                              position_to_worker)
 
 check = pytest.mark.workerstart_check
 N = 3
 
 
-def _positions(ws):
-    return ["middle"] if ws.settings.profile == "quick" else ["first", "middle", "last"]
+def _positions(check_env):
+    return ["middle"] if check_env.settings.profile == "quick" else ["first", "middle", "last"]
 
 
-def _ps(ws):
-    if not ws.max_parallel:
+def _ps(check_env):
+    if not check_env.parallel_start_here:
         return [None]
-    return [N] if ws.settings.profile == "quick" else [1, N]
+    return [N] if check_env.settings.profile == "quick" else [1, N]
 
 
 def _assert_names_worker(exc, worker, pids=()):
@@ -49,93 +50,93 @@ def _take_batches(loader, n):
 
 @check("failure.parent_start_error")
 @pytest.mark.parametrize("position", ["first", "middle", "last"])
-def test_parent_start_error(ws, position):
-    if position not in _positions(ws):
+def test_parent_start_error(check_env, position):
+    if position not in _positions(check_env):
         pytest.skip("quick profile: one fault position")
     k = position_to_worker(position, N)
-    for p in _ps(ws):
-        before = ws.snapshot()
-        ctx = ws.context(N, faults=FaultPlan.start_error(k))
-        loader = ws.make(WorkerTagDataset(12), num_workers=N, ctx=ctx, parallelism=p)
-        held = ws.run_expecting_failure(lambda: _take_batches(loader, k + 1))
+    for p in _ps(check_env):
+        before = check_env.snapshot()
+        ctx = check_env.context(N, faults=FaultPlan.start_error(k))
+        loader = check_env.make(WorkerTagDataset(12), num_workers=N, ctx=ctx, parallelism=p)
+        held = check_env.run_expecting_failure(lambda: _take_batches(loader, k + 1))
         chain = list(exception_chain(held.exc))
         assert any(isinstance(e, InjectedStartError) for e in chain), (
             f"p={p}: expected the injected OSError (or an error chained from it), got {held.exc!r}")
         if not isinstance(held.exc, InjectedStartError):
             _assert_names_worker(held.exc, k)
         del chain
-        ws.assert_clean_around(before, held, f"start of worker {k} failed (p={p})")
+        check_env.assert_clean_around(before, held, f"start of worker {k} failed (p={p})")
         del loader
 
 
-@check("failure.worker_init_error", requires=("worker_init_fn",))
-def test_worker_init_error(ws, tmp_path):
+@check("failure.worker_init_error")
+def test_worker_init_error(check_env, tmp_path):
     k = 1
-    before = ws.snapshot()
-    loader = ws.make(WorkerTagDataset(12), num_workers=N, parallelism=N if ws.max_parallel else None,
+    before = check_env.snapshot()
+    loader = check_env.make(WorkerTagDataset(12), num_workers=N, parallelism=N if check_env.parallel_start_here else None,
                      worker_init_fn=FaultPlan.worker_init_fn(k))
-    held = ws.run_expecting_failure(lambda: batches_of(loader))
+    held = check_env.run_expecting_failure(lambda: batches_of(loader))
     assert any(isinstance(e, InjectedWorkerInitError) or "InjectedWorkerInitError" in str(e)
                for e in exception_chain(held.exc)), f"the worker_init_fn error did not surface: {held.exc!r}"
     _assert_names_worker(held.exc, k)
     held.release()
     del loader
-    ws.assert_clean(before, f"worker_init_fn of worker {k} raised")
+    check_env.assert_clean(before, f"worker_init_fn of worker {k} raised")
 
 
 @check("failure.retry_after_failure")
 @pytest.mark.parametrize("failure", ["parent_start_error", "worker_init_error"])
-def test_retry_after_failure(ws, failure, tmp_path):
+def test_retry_after_failure(check_env, failure, tmp_path):
     k = 1
     ds = WorkerTagDataset(12)
     truth = [int(i) for b in batches_of(torch.utils.data.DataLoader(ds, batch_size=2)) for i in b["index"]]
-    p = N if ws.max_parallel else None
+    p = N if check_env.parallel_start_here else None
     if failure == "parent_start_error":
-        ctx = ws.context(N, faults=FaultPlan.start_error(k))
-        loader = ws.make(ds, num_workers=N, ctx=ctx, parallelism=p)
+        ctx = check_env.context(N, faults=FaultPlan.start_error(k))
+        loader = check_env.make(ds, num_workers=N, ctx=ctx, parallelism=p)
     else:
-        if not ws.loader.has("worker_init_fn"):
+        if not check_env.loader.has("worker_init_fn"):
             pytest.skip("loader does not declare capability 'worker_init_fn'")
-        ctx = ws.context(N)
-        loader = ws.make(ds, num_workers=N, ctx=ctx, parallelism=p,
+        ctx = check_env.context(N)
+        loader = check_env.make(ds, num_workers=N, ctx=ctx, parallelism=p,
                          worker_init_fn=FaultPlan.worker_init_fn(k, once_path=str(tmp_path / "fired")))
-    held = ws.run_expecting_failure(lambda: batches_of(loader))
+    held = check_env.run_expecting_failure(lambda: batches_of(loader))
     held.release()
     ctx.begin_generation()
     got = [int(i) for b in batches_of(loader) for i in b["index"]]
     assert got == truth, f"after a {failure}, a fresh iter() gave {got[:8]}... instead of the truth {truth[:8]}..."
 
 
-def _scenario(ws, name, **kw):
-    res = scenarios.run(ws.loader, ws.context_name, name, timeout=kw.pop("hard_timeout", 90), **kw)
+def _scenario(check_env, name, **kw):
+    res = scenarios.run(check_env.loader, check_env.context_name, name, timeout=kw.pop("hard_timeout", 90), **kw)
     if res.status != "ok":
         pytest.fail(res.details(), pytrace=False)
     return res.value
 
 
 @check("failure.child_exit_during_start")
-def test_child_exit_during_start(ws):
+def test_child_exit_during_start(check_env):
     # No loader timeout: a dead worker must be noticed, not timed out.
-    out = _scenario(ws, "child_fault", fault="child_exit", worker=1, num_workers=N,
-                    parallelism=N if ws.max_parallel else None, loader_timeout=0, hard_timeout=40)
+    out = _scenario(check_env, "child_fault", fault="child_exit", worker=1, num_workers=N,
+                    parallelism=N if check_env.parallel_start_here else None, loader_timeout=0, hard_timeout=40)
     scenarios.judge_child_fault(out, worker=1)
 
 
 @check("failure.child_killed_during_start")
-def test_child_killed_during_start(ws):
-    out = _scenario(ws, "child_fault", fault="child_kill", worker=1, num_workers=N,
-                    parallelism=N if ws.max_parallel else None, loader_timeout=0, hard_timeout=40)
+def test_child_killed_during_start(check_env):
+    out = _scenario(check_env, "child_fault", fault="child_kill", worker=1, num_workers=N,
+                    parallelism=N if check_env.parallel_start_here else None, loader_timeout=0, hard_timeout=40)
     scenarios.judge_child_fault(out, worker=1)
 
 
-@check("failure.child_hang_during_start", requires=("timeout",))
-def test_child_hang_during_start(ws):
-    out = _scenario(ws, "child_fault", fault="child_hang", worker=1, num_workers=N,
-                    parallelism=N if ws.max_parallel else None, loader_timeout=5, hard_timeout=40)
+@check("failure.child_hang_during_start")
+def test_child_hang_during_start(check_env):
+    out = _scenario(check_env, "child_fault", fault="child_hang", worker=1, num_workers=N,
+                    parallelism=N if check_env.parallel_start_here else None, loader_timeout=5, hard_timeout=40)
     scenarios.judge_child_fault(out, worker=1, timeout=5)
 
 
 @check("failure.interrupt_during_start")
-def test_interrupt_during_start(ws):
-    out = _scenario(ws, "interrupt", worker=1, num_workers=N, parallelism=N if ws.max_parallel else None)
-    scenarios.judge_interrupt(out, strict=ws.settings.strict)
+def test_interrupt_during_start(check_env):
+    out = _scenario(check_env, "interrupt", worker=1, num_workers=N, parallelism=N if check_env.parallel_start_here else None)
+    scenarios.judge_interrupt(out, strict=check_env.settings.strict)

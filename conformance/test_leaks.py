@@ -3,7 +3,8 @@
 Each way is its own case: full exhaustion, early ``break`` + ``del``, an
 exception raised by the training loop itself, and persistent workers shut
 down by deleting the loader. Batches are released before measuring: an fd
-backing a batch the test still holds is not a leak.
+backing a batch the test still holds is not a leak. Processes and threads have
+``--workerstart-exit-timeout`` (default 5 s) to go once the loader is done.
 """
 
 import pytest
@@ -20,13 +21,13 @@ class LoopError(Exception):
 
 @check("leaks.clean_exit")
 @pytest.mark.parametrize("ending", ["exhaustion", "early_break", "loop_exception", "persistent_shutdown"])
-def test_clean_exit(ws, ending):
-    if ending == "persistent_shutdown" and not ws.loader.has("persistent_workers"):
+def test_clean_exit(check_env, ending):
+    if ending == "persistent_shutdown" and not check_env.loader.has("persistent_workers"):
         pytest.skip("loader does not declare capability 'persistent_workers'")
-    before = ws.snapshot()
-    p = N if ws.max_parallel else None
+    before = check_env.snapshot()
+    p = N if check_env.parallel_start_here else None
     kw = {"persistent_workers": True} if ending == "persistent_shutdown" else {}
-    loader = ws.make(WorkerTagDataset(16), num_workers=N, parallelism=p, **kw)
+    loader = check_env.make(WorkerTagDataset(16), num_workers=N, parallelism=p, **kw)
     if ending == "exhaustion":
         assert sum(1 for _ in loader) == 8
     elif ending == "early_break":
@@ -46,4 +47,4 @@ def test_clean_exit(ws, ending):
                 pass
         del batch
     del loader
-    ws.assert_clean(before, f"after {ending.replace('_', ' ')}")
+    check_env.assert_clean(before, f"after {ending.replace('_', ' ')}", timeout=check_env.settings.exit_timeout)

@@ -4,13 +4,22 @@ Adversarial timing: the instrumented context delays ``start()`` of worker i by
 (N-1-i) x 0.4 s, so under parallel start worker N-1 finishes first and worker 0
 last. What each worker did is observed through ``get_worker_info()`` and
 ``torch.initial_seed()`` recorded in the samples themselves.
+
+Truths come from torch, not from the loader under test: the index stream of
+torch's ``DataLoader`` for the same dataset, and torch's worker seeds
+(``base_seed + worker_id``, with ``base_seed`` the first draw from the
+loader's generator, as torch defines it; see
+:func:`pytest_workerstart._torch_internals.torch_worker_seeds`).
 """
 
 import pytest
 import torch
+from torch.utils.data import DataLoader
+
+from pytest_workerstart import _torch_internals
 
 from pytest_workerstart.fixtures.datasets import WorkerTagDataset
-from pytest_workerstart.harness import batches_of
+from pytest_workerstart.checkenv import batches_of
 from pytest_workerstart.probes.faults import FaultPlan
 
 check = pytest.mark.workerstart_check
@@ -18,31 +27,35 @@ N = 3
 SEEDS = pytest.StashKey[dict]()
 
 
-def _parallelism(ws, p):
+def _parallelism(check_env, p):
     """p for loaders with parallel start here; None (use the default) otherwise."""
-    return p if ws.max_parallel else None
+    return p if check_env.parallel_start_here else None
 
 
-@check("order.registration", requires=("in_order",))
-def test_registration(ws):
+@check("order.registration")
+def test_registration(check_env):
     ds = WorkerTagDataset(4 * N * 2)
-    ctx = ws.context(N, faults=FaultPlan.reverse_finish(N))
-    loader = ws.make(ds, num_workers=N, ctx=ctx, parallelism=_parallelism(ws, N))
+    ctx = check_env.context(N, faults=FaultPlan.reverse_finish(N))
+    loader = check_env.make(ds, num_workers=N, ctx=ctx, parallelism=_parallelism(check_env, N))
     batches = batches_of(loader)
     served = [b["worker"].tolist() for b in batches]
     wrong = [(k, s) for k, s in enumerate(served) if set(s) != {k % N}]
     assert not wrong, (
         f"batch k must come from worker k mod {N} (start order was {ctx.start_order()}); "
         f"mismatches (batch, workers): {wrong[:6]}")
-    truth = [int(i) for b in batches_of(ws.loader.factory(ds, batch_size=2, num_workers=0)) for i in b["index"]]
-    assert [int(i) for b in batches for i in b["index"]] == truth, "output differs from the num_workers=0 truth"
+    truth = [int(i) for b in DataLoader(ds, batch_size=2) for i in b["index"]]
+    got = [int(i) for b in batches for i in b["index"]]
+    assert got == truth, f"the index stream {got[:8]}... differs from torch's DataLoader's {truth[:8]}..."
 
 
-def _seeds(ws, p):
+GENERATOR_SEEDS = (1234, 4321)
+
+
+def _seeds(check_env, p, generator_seed=GENERATOR_SEEDS[0]):
     ds = WorkerTagDataset(2 * N)
-    ctx = ws.context(N, faults=FaultPlan.reverse_finish(N))
-    loader = ws.make(ds, num_workers=N, ctx=ctx, parallelism=p, batch_size=1,
-                     generator=torch.Generator().manual_seed(1234))
+    ctx = check_env.context(N, faults=FaultPlan.reverse_finish(N))
+    loader = check_env.make(ds, num_workers=N, ctx=ctx, parallelism=p, batch_size=1,
+                            generator=torch.Generator().manual_seed(generator_seed))
     seeds = {}
     for b in batches_of(loader):
         seeds.setdefault(int(b["worker"][0]), set()).add(int(b["seed"][0]))
@@ -50,15 +63,23 @@ def _seeds(ws, p):
 
 
 @check("order.worker_seeds")
-def test_worker_seeds(ws):
-    serial = _seeds(ws, 1 if ws.max_parallel else None)
+def test_worker_seeds(check_env):
+    serial = _seeds(check_env, 1 if check_env.parallel_start_here else None)
     assert len(serial) == N and all(len(s) == 1 for s in serial.values()), f"one seed per worker expected: {serial}"
     flat = [s[0] for s in serial.values()]
     assert len(set(flat)) == N, f"workers share seeds: {serial}"
-    if ws.max_parallel:
-        parallel = _seeds(ws, N)
+    if check_env.parallel_start_here:
+        parallel = _seeds(check_env, N)
         assert parallel == serial, f"seeds differ between p=1 {serial} and p={N} {parallel}"
-    seen = ws.request.config.stash.setdefault(SEEDS, {})
+    other = _seeds(check_env, N if check_env.parallel_start_here else None, GENERATOR_SEEDS[1])
+    assert other != serial, (
+        f"worker seeds do not follow the loader's generator: seeds {GENERATOR_SEEDS} both gave {serial}")
+    if check_env.loader.has("torch_parity"):
+        torch_seeds = {w: [s] for w, s in _torch_internals.torch_worker_seeds(GENERATOR_SEEDS[0], N).items()}
+        assert serial == torch_seeds, (
+            f"worker seeds {serial} differ from torch's base_seed + worker_id {torch_seeds} for the same generator; "
+            f"declare torch_parity=false if the loader deliberately differs")
+    seen = check_env.request.config.stash.setdefault(SEEDS, {})
     for other_ctx, other in seen.items():
-        assert other == serial, f"seeds differ between contexts: {other_ctx} {other} vs {ws.context_name} {serial}"
-    seen[ws.context_name] = serial
+        assert other == serial, f"seeds differ between contexts: {other_ctx} {other} vs {check_env.context_name} {serial}"
+    seen[check_env.context_name] = serial

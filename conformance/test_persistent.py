@@ -10,10 +10,10 @@ check = pytest.mark.workerstart_check
 N = 2
 
 
-@check("persistent.reuse", requires=("persistent_workers",))
-def test_reuse(ws):
-    ctx = ws.context(N)
-    loader = ws.make(WorkerTagDataset(8), num_workers=N, ctx=ctx, parallelism=N if ws.max_parallel else None,
+@check("persistent.reuse")
+def test_reuse(check_env):
+    ctx = check_env.context(N)
+    loader = check_env.make(WorkerTagDataset(8), num_workers=N, ctx=ctx, parallelism=N if check_env.parallel_start_here else None,
                      persistent_workers=True)
     pids = []
     for _epoch in range(3):

@@ -25,8 +25,7 @@ import statistics
 import pytest
 
 from pytest_workerstart import scenarios
-from pytest_workerstart.probes.timing import derived_startup_threshold, paired_ratio, run_trials, summarize
-from pytest_workerstart.reference import usable_cores
+from pytest_workerstart.probes.timing import derived_startup_threshold, paired_ratio, run_trials, summarize, usable_cores
 
 check = pytest.mark.workerstart_check
 N = 4
@@ -37,19 +36,17 @@ STEADY_BATCHES = 120  # steady state: batches 2N+1..120 ("warm": every worker ha
 MEMORY_MAX = 1.10
 _CACHE: dict[tuple, dict] = {}
 
-speed_check = dict(contexts=("spawn",), quick_contexts=("spawn",), serial_only=True, requires=("parallel_start",))
 
-
-def _measure(ws) -> dict:
-    if ws.settings.profile == "quick":
+def _measure(check_env) -> dict:
+    if check_env.settings.profile == "quick":
         pytest.skip("quick profile: speed checks run in the full profile")
-    key = (ws.loader.spec, ws.context_name)
+    key = (check_env.loader.spec, check_env.context_name)
     if key not in _CACHE:
         from pytest_workerstart.bench.eurosat import make_dataset
 
         root, _ = make_dataset(per_class=PER_CLASS)
-        base = {"loader": scenarios.loader_payload(ws.loader), "dataset": "pytest_workerstart.bench.eurosat:EuroSATLike",
-                "dataset_kwargs": {"root": str(root)}, "context": ws.context_name, "max_batches": STEADY_BATCHES,
+        base = {"loader": check_env.loader.payload(), "dataset": "pytest_workerstart.bench.eurosat:EuroSATLike",
+                "dataset_kwargs": {"root": str(root)}, "context": check_env.context_name, "max_batches": STEADY_BATCHES,
                 "loader_kwargs": {"batch_size": 32, "shuffle": True, "prefetch_factor": 2}, "generator_seed": 0}
         configs = {
             "w1": {**base, "loader_kwargs": {**base["loader_kwargs"], "num_workers": 1}, "parallelism": None,
@@ -73,15 +70,15 @@ def _median(values) -> float:
     return statistics.median(v for v in values if v is not None)
 
 
-@check("speed.startup", **speed_check)
-def test_startup(ws):
-    m = _measure(ws)
+@check("speed.startup")
+def test_startup(check_env):
+    m = _measure(check_env)
     ttfb = {k: m[k]["time_to_first_batch_s"] for k in ("w1", "p1", "pN")}
     derived = derived_startup_threshold(_median(ttfb["w1"]), _median(ttfb["p1"]), N, usable_cores())
-    threshold = ws.settings.min_speedup or derived["threshold"]
+    threshold = check_env.settings.min_speedup or derived["threshold"]
     cmp = paired_ratio(ttfb["p1"], ttfb["pN"])
     speedup, paired = cmp["ratio_of_medians"], cmp["median_pair_ratio"]
-    source = "--workerstart-min-speedup" if ws.settings.min_speedup else (
+    source = "--workerstart-min-speedup" if check_env.settings.min_speedup else (
         f"derived: boot {derived['boot_s']:.2f} s/worker, fixed {derived['fixed_s']:.2f} s, "
         f"{derived['cores']} usable cores, ideal {derived['ideal_speedup']:.2f}x, half the gain")
     assert speedup >= threshold, (
@@ -90,9 +87,9 @@ def test_startup(ws):
         f"{_median(ttfb['pN']):.2f} s, 1 worker {_median(ttfb['w1']):.2f} s; {TRIALS} trials each")
 
 
-@check("speed.steady_state", **speed_check)
-def test_steady_state(ws):
-    m = _measure(ws)
+@check("speed.steady_state")
+def test_steady_state(check_env):
+    m = _measure(check_env)
     # Warm window: a loader that defers starts still boots workers during the
     # first batches, which serial start did before its first batch.
     # One-sided, noise-aware: identical code varies by up to ~8 % between
@@ -106,9 +103,9 @@ def test_steady_state(ws):
         f"p=1 {summarize(a)}, p={N} {summarize(b)}")
 
 
-@check("speed.memory", **speed_check)
-def test_memory(ws):
-    m = _measure(ws)
+@check("speed.memory")
+def test_memory(check_env):
+    m = _measure(check_env)
     a, b = m["p1"]["pss_increase_mb"], m["pN"]["pss_increase_mb"]
     ratio = paired_ratio(b, a)["ratio_of_medians"]
     assert ratio <= MEMORY_MAX, (

@@ -8,49 +8,49 @@ p-bounded loader shows exactly min(p, N) starts at once and a serial one 1.
 import pytest
 
 from pytest_workerstart.fixtures.datasets import WorkerTagDataset
-from pytest_workerstart.harness import batches_of
+from pytest_workerstart.checkenv import batches_of
 
 check = pytest.mark.workerstart_check
 N = 4
 HOLD = 1.0
 
 
-@check("start.parameter_validation", needs_parallelism_kwarg=True)
+@check("start.parameter_validation")
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2", None], ids=["zero", "negative", "bool", "float", "str", "none"])
-def test_parameter_validation(ws, bad):
-    kwarg = ws.loader.parallelism_kwarg
+def test_parameter_validation(check_env, bad):
+    kwarg = check_env.loader.parallelism_kwarg
     with pytest.raises((ValueError, TypeError)) as excinfo:
-        ws.make(WorkerTagDataset(8), num_workers=2, **{kwarg: bad})
+        check_env.make(WorkerTagDataset(8), num_workers=2, **{kwarg: bad})
     assert kwarg in str(excinfo.value), f"the error must name {kwarg!r}: {excinfo.value!r}"
 
 
-@check("start.default_serial", quick_contexts=("forkserver",))
-def test_default_serial(ws):
-    ctx = ws.context(N, hold=HOLD / 2)
-    loader = ws.make(WorkerTagDataset(8), num_workers=N, ctx=ctx)
+@check("start.default_serial")
+def test_default_serial(check_env):
+    ctx = check_env.context(N, hold=HOLD / 2)
+    loader = check_env.make(WorkerTagDataset(8), num_workers=N, ctx=ctx)
     assert len(batches_of(loader)) == 4
     peak = ctx.peak_concurrent_starts()
     assert peak == 1, f"without the parallelism argument, {peak} starts overlapped (want 1)"
 
 
 
-@check("start.respects_bound", requires=("parallel_start",), quick_contexts=("spawn", "forkserver"))
+@check("start.respects_bound")
 @pytest.mark.parametrize("p", [1, 2, N], ids=lambda p: f"p{p}")
-def test_respects_bound(ws, p):
-    if ws.settings.profile == "quick" and p != 2:
+def test_respects_bound(check_env, p):
+    if check_env.settings.profile == "quick" and p != 2:
         pytest.skip("quick profile: p=2 only")
-    ctx = ws.context(N, hold=HOLD)
-    loader = ws.make(WorkerTagDataset(8), num_workers=N, ctx=ctx, parallelism=p)
+    ctx = check_env.context(N, hold=HOLD)
+    loader = check_env.make(WorkerTagDataset(8), num_workers=N, ctx=ctx, parallelism=p)
     batches = batches_of(loader)
     assert sorted(i for b in batches for i in b["index"].tolist()) == list(range(8))
     peak = ctx.peak_concurrent_starts()
     assert peak == min(p, N), f"parallelism {p}: {peak} starts were in flight at once (want {min(p, N)})"
 
 
-@check("start.builds_all_before_start", requires=("parallel_start",))
-def test_builds_all_before_start(ws):
-    ctx = ws.context(N)
-    loader = ws.make(WorkerTagDataset(8), num_workers=N, ctx=ctx, parallelism=N)
+@check("start.builds_all_before_start")
+def test_builds_all_before_start(check_env):
+    ctx = check_env.context(N)
+    loader = check_env.make(WorkerTagDataset(8), num_workers=N, ctx=ctx, parallelism=N)
     batches_of(loader, limit=1)
     recs = ctx.records(0)
     assert ctx.built_all_before_first_start(), (

@@ -11,8 +11,8 @@ N = 2
 
 
 @check("transfer.shared_memory")
-def test_shared_memory(ws):
-    loader = ws.make(NestedMapDataset(8), num_workers=N, parallelism=N if ws.max_parallel else None, batch_size=4)
+def test_shared_memory(check_env):
+    loader = check_env.make(NestedMapDataset(8), num_workers=N, parallelism=N if check_env.parallel_start_here else None, batch_size=4)
     batch = next(iter(loader))
     tensors = {"x": batch["x"], "meta.pair.right": batch["meta"][1]["pair"].right}
     not_shared = [name for name, t in tensors.items() if not t.is_shared()]

@@ -1,7 +1,11 @@
 """Every use of torch's private DataLoader internals, in one module.
 
-Checked against torch 2.14.1 (the pinned version; ``tests/test_torch_internals.py``
-runs against whatever torch is installed and fails loudly outside the range).
+Checked against torch 2.14.1 (the pinned version): :func:`check_supported` runs
+whenever the ``reference`` loader is resolved (an unsupported torch is then a
+one-line usage error) and in ``tests/test_reference.py``. It covers the version
+range, ``_worker_loop``'s parameters, the signal-handling helpers, the inherited
+methods, and every private iterator attribute torch assigns that the reference
+must assign too or reads (``ITER_STATE``, ``BASE_STATE``, ``RESET_STATE``).
 torch has no hook around worker creation, so the reference loader re-implements
 ``_MultiProcessingDataLoaderIter.__init__`` (its own code, not a copy) and relies on:
 
@@ -35,6 +39,22 @@ WORKER_LOOP_PARAMS = (
     "persistent_workers", "shared_seed",
 )
 
+#: What torch's own ``_MultiProcessingDataLoaderIter.__init__`` assigns (the
+#: reference re-implements it and must assign the same: the inherited methods
+#: read them). A torch that assigns anything else is not supported.
+ITER_STATE = frozenset({
+    "_data_queue", "_in_order", "_index_queues", "_pin_memory_thread", "_pin_memory_thread_done_event",
+    "_prefetch_factor", "_shutdown", "_worker_init_fn", "_worker_pids_set", "_worker_result_queue", "_workers",
+    "_workers_done_event", "daemon",
+})
+#: What ``_BaseDataLoaderIter.__init__`` must assign: the reference reads these.
+BASE_STATE = frozenset({
+    "_auto_collation", "_base_seed", "_collate_fn", "_dataset", "_dataset_kind", "_drop_last", "_num_workers",
+    "_persistent_workers", "_pin_memory", "_pin_memory_device", "_rank", "_shared_seed", "_timeout", "_world_size",
+})
+#: Set by the inherited ``_reset`` and read by the reference.
+RESET_STATE = frozenset({"_workers_status", "_task_info", "_rcvd_idx", "_tasks_outstanding"})
+
 BaseIter = _dl._BaseDataLoaderIter
 MultiProcessingIter = _dl._MultiProcessingDataLoaderIter
 MP_STATUS_CHECK_INTERVAL = _utils.MP_STATUS_CHECK_INTERVAL
@@ -49,8 +69,19 @@ def _version_tuple(version: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def _assigned(func) -> set[str]:
+    """Attribute names ``func`` assigns (``self.x = ...``), from its bytecode."""
+    import dis
+
+    return {i.argval for i in dis.get_instructions(func) if i.opname == "STORE_ATTR"}
+
+
 def check_supported(version: str | None = None) -> None:
-    """Raise :class:`UnsupportedTorchError` unless torch's internals are as expected."""
+    """Raise :class:`UnsupportedTorchError` unless torch's internals are as expected.
+
+    Called whenever the ``reference`` loader is resolved (so an unsupported
+    torch is a one-line usage error, not a wrong verdict) and by a self-test.
+    """
     version = version or torch.__version__
     lo, hi = SUPPORTED_TORCH
     if not (lo <= _version_tuple(version) < hi):
@@ -64,9 +95,30 @@ def check_supported(version: str | None = None) -> None:
         if not hasattr(_utils.signal_handling, name):
             raise UnsupportedTorchError(f"torch {version}: _utils.signal_handling.{name} is missing")
     for name in ("_reset", "_try_get_data", "_get_data", "_shutdown_workers", "_next_data",
-                 "_register_persistent_workers_atexit", "_mark_worker_as_unavailable"):
+                 "_register_persistent_workers_atexit", "_mark_worker_as_unavailable", "_process_data"):
         if not hasattr(MultiProcessingIter, name):
             raise UnsupportedTorchError(f"torch {version}: _MultiProcessingDataLoaderIter.{name} is missing")
+    extra = _assigned(MultiProcessingIter.__init__) - ITER_STATE
+    if extra:
+        raise UnsupportedTorchError(f"torch {version}: _MultiProcessingDataLoaderIter.__init__ sets "
+                                    f"{sorted(extra)}, which the reference loader does not")
+    it = BaseIter(_dl.DataLoader(range(2), generator=torch.Generator().manual_seed(1234)))
+    if it._base_seed != torch_worker_seeds(1234, 1)[0]:
+        raise UnsupportedTorchError(f"torch {version}: worker seeds are no longer the generator's first draw")
+    for func, needed in ((BaseIter.__init__, BASE_STATE), (MultiProcessingIter._reset, RESET_STATE)):
+        missing = needed - _assigned(func)
+        if missing:
+            raise UnsupportedTorchError(f"torch {version}: {func.__qualname__} no longer sets {sorted(missing)}")
+
+
+def torch_worker_seeds(generator_seed: int, num_workers: int) -> dict[int, int]:
+    """The seed torch gives each worker for a loader whose generator was seeded with
+    ``generator_seed`` (sequential sampler): ``base_seed + worker_id``, ``base_seed``
+    being the iterator's first draw from that generator. :func:`check_supported`
+    verifies this against torch's own iterator."""
+    g = torch.Generator().manual_seed(generator_seed)
+    base = int(torch.empty((), dtype=torch.int64).random_(generator=g).item())
+    return {w: base + w for w in range(num_workers)}
 
 
 def worker_init_fn_for(it, loader):

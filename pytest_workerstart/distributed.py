@@ -1,6 +1,7 @@
 """``sharding.exactly_once`` over ranks of a real ``torch.distributed`` group.
 
-The suite runs it on 2 gloo ranks on 127.0.0.1 (``scenarios.scenario_distributed``).
+The suite runs it on 2 gloo ranks on 127.0.0.1 (:func:`scenario_distributed`,
+through the scenario runner, judged by :func:`judge_distributed`).
 The same check runs on a real multi-node group under ``torchrun``::
 
     torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \\
@@ -36,11 +37,12 @@ def run_rank(rank: int, world_size: int, init_method: str, loader: dict, context
     from pytest_workerstart.probes.context import InstrumentedContext
     from pytest_workerstart.probes.faults import FaultPlan
     from pytest_workerstart.probes.leaks import LeakSnapshot
-    from pytest_workerstart.scenarios import _chain, _setup
+    from pytest_workerstart.probes.faults import describe_chain
+    from pytest_workerstart.scenarios import rebuild
 
     report: dict[str, Any] = {"rank": rank}
     try:
-        lut = _setup(loader, context)
+        under_test = rebuild(loader, context)
         dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=pg_timeout))
         before = LeakSnapshot.take()
@@ -50,15 +52,15 @@ def run_rank(rank: int, world_size: int, init_method: str, loader: dict, context
         sampler = DistributedSampler(ds, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
         sampler.set_epoch(0)
         try:
-            dl = lut.make(ds, num_workers=num_workers, multiprocessing_context=ctx, parallelism=parallelism,
+            dl = under_test.make(ds, num_workers=num_workers, multiprocessing_context=ctx, parallelism=parallelism,
                           batch_size=2, sampler=sampler)
             report["map"] = [[int(i), int(w)] for b in dl for i, w in zip(b["index"], b["worker"])]
             ctx.begin_generation()
-            dl = lut.make(ShardedRange(n, rank=rank, world_size=world_size), num_workers=num_workers,
+            dl = under_test.make(ShardedRange(n, rank=rank, world_size=world_size), num_workers=num_workers,
                           multiprocessing_context=ctx, parallelism=parallelism, batch_size=None)
             report["iterable"] = [int(x) for x in dl]
         except Exception as exc:  # noqa: BLE001 - the failing rank's outcome
-            report["raised"] = _chain(exc)
+            report["raised"] = describe_chain(exc)
             exc = None
         dl = None
         live = LeakSnapshot.wait_clean(before, timeout=10, kinds=("processes", "threads"))
@@ -75,7 +77,7 @@ def run_rank(rank: int, world_size: int, init_method: str, loader: dict, context
         if destroy:
             dist.destroy_process_group()
     except Exception as exc:  # noqa: BLE001 - reported, never a hang
-        report["setup_error"] = _chain(exc)
+        report["setup_error"] = describe_chain(exc)
     return report
 
 
@@ -111,6 +113,82 @@ def judge(reports: list[dict], world_size: int, num_workers: int, n: int, fail_r
     return problems
 
 
+def scenario_distributed(loader: dict, context: str, world_size: int, num_workers: int, parallelism: int | None,
+                         n: int, fail_rank: int | None, pg_timeout: float, outdir: str) -> dict[str, Any]:
+    """``world_size`` ranks of a gloo group on 127.0.0.1 (torch.multiprocessing, spawn).
+
+    Every rank iterates a map-style dataset through ``DistributedSampler`` and an
+    IterableDataset sharded by rank x ``get_worker_info()``, then meets the others
+    in a barrier. With ``fail_rank`` that rank's first worker start fails: it must
+    raise and clean up; the others must not wait longer than ``pg_timeout``.
+    Returns each rank's report and the processes left once all ranks have exited.
+    """
+    import json
+    import socket
+    from pathlib import Path
+
+    import psutil
+    import torch.multiprocessing as tmp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    pc = tmp.start_processes(_rank_main, args=(world_size, port, loader, context, num_workers, parallelism, n,
+                                               fail_rank, pg_timeout, outdir),
+                             nprocs=world_size, join=False, start_method="spawn")
+    deadline = t0 + 4 * pg_timeout + 60
+    ranks = pc.processes
+    while any(p.is_alive() for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    hung = [r for r, p in enumerate(ranks) if p.is_alive()]
+    for p in ranks:
+        if p.is_alive():
+            p.kill()
+        p.join()
+    elapsed = time.monotonic() - t0
+    reports = {}
+    for r in range(world_size):
+        f = Path(outdir) / f"rank{r}.json"
+        reports[r] = json.loads(f.read_text()) if f.exists() else None
+    exitcodes = [p.exitcode for p in ranks]
+    from multiprocessing import resource_tracker
+
+    own_tracker = resource_tracker._resource_tracker._pid  # this interpreter's, started by spawn above
+    left = []
+    end = time.monotonic() + 15
+    while time.monotonic() < end:
+        left = [f"pid {c.pid} {' '.join(c.cmdline())[:120]}" for c in psutil.Process().children(recursive=True)
+                if c.pid != own_tracker and c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        if not left:
+            break
+        time.sleep(0.2)
+    return {"reports": reports, "hung_ranks": hung, "exitcodes": exitcodes, "elapsed": elapsed, "left": left}
+
+
+def _rank_main(rank: int, world_size: int, port: int, loader: dict, context: str, num_workers: int,
+               parallelism: int | None, n: int, fail_rank: int | None, pg_timeout: float, outdir: str) -> None:
+    import json
+    from pathlib import Path
+
+    report = run_rank(rank, world_size, f"tcp://127.0.0.1:{port}", loader, context, num_workers,
+                                  parallelism, n, fail_rank, pg_timeout)
+    (Path(outdir) / f"rank{rank}.json").write_text(json.dumps(report))
+    os._exit(1 if rank == fail_rank else 0)  # skip the group's atexit teardown, which can block on a dead peer
+
+
+def judge_distributed(out: dict, world_size: int, num_workers: int, n: int, fail_rank: int | None,
+                      pg_timeout: float) -> None:
+    reps = out["reports"]
+    missing = [r for r, rep in reps.items() if rep is None]
+    assert not missing and not out["hung_ranks"], (
+        f"ranks {missing or out['hung_ranks']} gave no report (hung: {out['hung_ranks']}, "
+        f"exit codes {out['exitcodes']}, {out['elapsed']:.0f} s)")
+    assert not out["left"], "processes left after every rank exited:\n" + "\n".join(out["left"])
+    problems = judge(list(reps.values()), world_size, num_workers, n, fail_rank, pg_timeout)
+    assert not problems, "\n".join(problems)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point under torchrun (reads RANK, WORLD_SIZE, MASTER_ADDR/PORT from the environment)."""
     p = argparse.ArgumentParser(prog="torchrun ... -m pytest_workerstart.distributed")
@@ -124,14 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from pytest_workerstart import protocol
-    from pytest_workerstart.scenarios import loader_payload
-
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    lut = protocol.resolve(args.loader, None, None)
+    under_test = protocol.resolve(args.loader, None, None)
     parallelism = args.parallelism
-    if parallelism is None and lut.has("parallel_start", args.context):
+    if parallelism is None and under_test.has("parallel_start", args.context):
         parallelism = args.num_workers
-    report = run_rank(rank, world, "env://", loader_payload(lut), args.context, args.num_workers, parallelism,
+    report = run_rank(rank, world, "env://", under_test.payload(), args.context, args.num_workers, parallelism,
                       args.samples, None, args.timeout)
     gathered: list = [None] * world
     dist.all_gather_object(gathered, report)

@@ -25,15 +25,51 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("workerstart"):
         return
     resolved = config.stash[_settings.SETTINGS] = _settings.resolve(config)
-    from pytest_workerstart import harness
+    from pytest_workerstart import checkenv
     from pytest_workerstart.session import WorkerstartSession
 
     config.pluginmanager.register(WorkerstartSession.from_config(config, resolved), "workerstart-session")
-    config.pluginmanager.register(harness, "workerstart-harness")
+    config.pluginmanager.register(checkenv, "workerstart-checkenv")
+
+
+def pytest_pycollect_makeitem(collector, name: str, obj) -> None:
+    """Checks imported into a project's own tests run without ``--workerstart``.
+
+    The first such check met during collection starts the suite's session
+    ("embedded": the suite's own directory is not added), before pytest
+    computes the check's fixtures, so that the suite's fixtures exist for it.
+    """
+    if not any(getattr(m, "name", None) == "workerstart_check" for m in getattr(obj, "pytestmark", ())):
+        return None
+    config = collector.config
+    if config.pluginmanager.has_plugin("workerstart-session"):
+        return None
+    config.stash[_settings.SETTINGS] = resolved = _settings.resolve(config)
+    from pytest_workerstart import checkenv
+    from pytest_workerstart.probes import reaper
+    from pytest_workerstart.session import WorkerstartSession
+
+    session = WorkerstartSession.from_config(config, resolved, embedded=True)
+    config.pluginmanager.register(session, "workerstart-session")
+    config.pluginmanager.register(checkenv, "workerstart-checkenv")
+    reaper.start_guard(verdict=session._json)
+    return None
 
 
 # --- public fixtures ---------------------------------------------------------
 # Bodies import lazily so that a plain pytest run never imports torch.
+
+
+@pytest.fixture(scope="module")
+def workerstart_loader():
+    """The loader the suite judges; ``None``: the one the settings name (``--workerstart-loader``).
+
+    Override it in a conftest (module or session scope) to run the suite's
+    checks from a project's own tests, as anyio's ``anyio_backend`` is
+    overridden: return a factory, a SPEC, or ``(factory, {"parallelism_kwarg":
+    ..., "capabilities": {...}})`` (see docs/adapter.md).
+    """
+    return None
 
 
 @pytest.fixture

@@ -28,14 +28,16 @@ from pytest_workerstart.settings import KNOWN_CONTEXTS
 CAPABILITIES: dict[str, tuple[str, Any, str]] = {
     "parallel_start": ("contexts", (), "contexts in which the loader starts workers concurrently"),
     "persistent_workers": ("bool", True, "honours persistent_workers=True (one pool per loader)"),
-    "pin_memory": ("bool", True, "accepts pin_memory=True"),
     "in_order": ("bool", True, "delivers batch k from worker k mod N"),
     "timeout": ("bool", True, "honours timeout= while waiting for a batch"),
     "worker_init_fn": ("bool", True, "calls worker_init_fn in each worker"),
     "iterable_dataset": ("bool", True, "supports IterableDataset"),
-    "custom_context": ("bool", True, "uses the multiprocessing_context it is given"),
+    "torch_parity": ("bool", True, "delivers torch DataLoader's batches and worker seeds for the same arguments"),
     "driver_watchdog": ("bool", True, "workers exit when the driving process dies"),
 }
+
+#: Declared in 0.1 but read by no check; declaring one is an error that says so.
+REMOVED_CAPABILITIES = ("pin_memory", "custom_context")
 
 _SPEC_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 BUILTIN_NAMES = ("reference", "torch", "torchdata")
@@ -55,6 +57,9 @@ class LoaderUnderTest:
     version: str
     parallelism_kwarg: str | None
     capabilities: dict[str, Any]
+    #: a user's loader for which no parallelism keyword was declared or found
+    #: (the summary says so: parallel start was then never exercised)
+    kwarg_not_found: bool = False
 
     def parallel_contexts(self) -> tuple[str, ...]:
         return tuple(self.capabilities.get("parallel_start", ()))
@@ -75,6 +80,16 @@ class LoaderUnderTest:
 
     def describe(self) -> dict[str, Any]:
         return {"spec": self.spec, "qualified_name": self.qualname, "version": self.version}
+
+    def payload(self) -> dict[str, Any]:
+        """What a fresh interpreter needs to rebuild this loader (JSON); see :func:`from_payload`."""
+        return {"spec": self.spec, "kwarg": self.parallelism_kwarg or "none",
+                "caps": {k: list(v) if isinstance(v, tuple) else v for k, v in self.capabilities.items()}}
+
+
+def from_payload(payload: Mapping[str, Any]) -> "LoaderUnderTest":
+    """The loader a :meth:`LoaderUnderTest.payload` describes, rebuilt in this interpreter."""
+    return resolve(payload["spec"], payload.get("kwarg"), payload.get("caps"))
 
 
 def _import_attr(spec: str) -> Any:
@@ -131,6 +146,12 @@ def _accepts_kwarg(factory: Callable[..., Any], name: str) -> bool:
 def _builtin(name: str) -> tuple[Callable[..., Any], str | None, dict[str, Any]]:
     """Factory, parallelism kwarg and declared capabilities of a built-in name."""
     if name == "reference":
+        from pytest_workerstart import _torch_internals
+
+        try:
+            _torch_internals.check_supported()
+        except _torch_internals.UnsupportedTorchError as exc:
+            raise SpecError(f"built-in loader 'reference': {exc}") from None
         from pytest_workerstart.reference import ParallelStartDataLoader
 
         return ParallelStartDataLoader, "worker_start_parallelism", dict(ParallelStartDataLoader.__workerstart_capabilities__)
@@ -157,9 +178,15 @@ def parse_capability(item: str) -> tuple[str, Any]:
     if "=" not in item:
         raise SpecError(f"capability {item!r}: expected NAME=VALUE")
     name, raw = (s.strip() for s in item.split("=", 1))
+    _check_capability_name(name, f"capability {item!r}")
+    return name, _coerce(name, raw)
+
+
+def _check_capability_name(name: str, where: str) -> None:
+    if name in REMOVED_CAPABILITIES:
+        raise SpecError(f"{where}: capability {name!r} was removed in 0.2 (no check read it); drop the declaration")
     if name not in CAPABILITIES:
         raise SpecError(f"unknown capability {name!r}: known are {', '.join(sorted(CAPABILITIES))}")
-    return name, _coerce(name, raw)
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -193,6 +220,7 @@ def resolve(
     ``"none"`` means "no parallel start".
     """
     spec = spec.strip()
+    known = spec in BUILTIN_NAMES  # built-ins say themselves whether they have a keyword
     caps: dict[str, Any] = {name: default for name, (_, default, _) in CAPABILITIES.items()}
     if ":" in spec:
         factory = _import_attr(spec)
@@ -217,11 +245,11 @@ def resolve(
             except SpecError:
                 continue
             if b_factory is factory:
+                known = True
                 declared = {**b_caps, **(declared or {})}
                 default_kwarg = default_kwarg or b_kwarg
         for key, value in (declared or {}).items():
-            if key not in CAPABILITIES:
-                raise SpecError(f"{spec}: __workerstart_capabilities__ names unknown capability {key!r}")
+            _check_capability_name(key, f"{spec}: __workerstart_capabilities__")
             caps[key] = _coerce(key, value)
     elif spec in BUILTIN_NAMES:
         factory, default_kwarg, declared = _builtin(spec)
@@ -254,7 +282,57 @@ def resolve(
         version=_version_of(factory),
         parallelism_kwarg=kwarg,
         capabilities=caps,
+        kwarg_not_found=kwarg is None and parallelism_kwarg is None and not known
+        and getattr(factory, "__workerstart_parallelism_kwarg__", None) is None,
     )
+
+
+def requirement_gap(loader: LoaderUnderTest, check, context: str | None) -> str | None:
+    """Why ``loader`` cannot run ``check`` (a registry entry) in ``context``, or None."""
+    if check.needs_parallelism_kwarg and loader.parallelism_kwarg is None:
+        return "loader does not declare capability 'parallel_start' (no parallelism keyword)"
+    for cap in check.requires:
+        per_context = CAPABILITIES[cap][0] == "contexts"
+        if not loader.has(cap, context if per_context else None):
+            where = f" for context {context!r}" if per_context else ""
+            return f"loader does not declare capability {cap!r}{where}"
+    return None
+
+
+def from_factory(obj: Any) -> LoaderUnderTest:
+    """What a project's ``workerstart_loader`` fixture returns, as a LoaderUnderTest.
+
+    Accepted (as anyio's ``anyio_backend`` accepts a name or a (name, options)
+    pair): a SPEC string, a factory, or ``(factory or SPEC, {"parallelism_kwarg":
+    ..., "capabilities": {...}})``. A factory must be importable as
+    ``module:attribute``: scenario checks rebuild it in fresh interpreters.
+    """
+    if isinstance(obj, LoaderUnderTest):
+        return obj
+    options: Mapping[str, Any] = {}
+    if isinstance(obj, tuple):
+        if len(obj) != 2 or not isinstance(obj[1], Mapping):
+            raise SpecError(f"expected a factory, a SPEC or (factory, options dict), got {obj!r}")
+        obj, options = obj
+        unknown = set(options) - {"parallelism_kwarg", "capabilities"}
+        if unknown:
+            raise SpecError(f"unknown options {sorted(unknown)}: use parallelism_kwarg and capabilities")
+    if isinstance(obj, str):
+        spec = obj
+    elif callable(obj):
+        spec = f"{getattr(obj, '__module__', '')}:{getattr(obj, '__qualname__', '')}"
+        try:
+            same = _import_attr(spec) is obj
+        except SpecError:
+            same = False
+        if not same:
+            raise SpecError(f"{obj!r} is not importable as {spec!r}: define the factory at module level of an "
+                            "importable module (scenario checks rebuild it in a fresh interpreter)")
+    else:
+        raise SpecError(f"expected a factory, a SPEC or (factory, options dict), got {type(obj).__name__}")
+    caps = {k: _coerce(k, v) for k, v in dict(options.get("capabilities", {})).items()
+            if not _check_capability_name(k, "workerstart_loader fixture")}
+    return resolve(spec, options.get("parallelism_kwarg"), caps)
 
 
 def available_contexts() -> tuple[str, ...]:

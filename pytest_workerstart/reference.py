@@ -3,9 +3,30 @@
 ``ParallelStartDataLoader(..., worker_start_parallelism=p)`` builds every worker
 process and queue first, then starts them in worker-id order with at most
 ``min(p, num_workers)`` starts in flight (spawn and forkserver; fork stays
-serial because forking from a process with start threads is unsafe). Workers
-are registered in worker-id order whatever order the starts finish in, so seeds,
+serial because forking from a process with start threads is unsafe). With
+p > 1 the start is deferred: ``iter()`` returns while the starts run, and
+``next()`` waits only for the worker the next batch needs. Workers are
+registered in worker-id order whatever order the starts finish in, so seeds,
 sharding and batch order are exactly torch's.
+
+The iterator's states, and what each failure does (one method per cell):
+
+============  =====================================  ==========================================
+state         entered / left                         on a failure
+============  =====================================  ==========================================
+building      ``__init__`` / every Process and        ``_cleanup_failed_start`` stops what was
+              queue exists                           started and closes every queue;
+                                                     ``_abandon`` releases the shared queue
+starting      p > 1: ``_Launcher.begin`` / ``_settle``  failed start (``_settle``): the building
+              sees every start returned              cleanup, then ``_fail``; Ctrl-C or a dead
+                                                     worker: ``_fail`` (``_halt_starts`` first)
+running       pids registered with torch's SIGCHLD   a dead or silent worker: ``_fail``
+              handler / exhaustion or shutdown
+closed        ``_shutdown_workers`` or ``_fail``     (nothing left)
+============  =====================================  ==========================================
+
+Every raised error leaves through ``_forget``, which drops what its traceback
+would keep alive.
 
 On any start failure every started process is stopped and joined, every queue
 closed, every start thread joined, and the references a raised exception would
@@ -16,7 +37,6 @@ dies (see :mod:`pytest_workerstart.driverwatch`), in every context.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -26,8 +46,9 @@ import torch
 import torch.multiprocessing
 from torch.utils.data import DataLoader
 
-from pytest_workerstart import _torch_internals as _ti
+from pytest_workerstart import _torch_internals as torch_internals
 from pytest_workerstart import driverwatch
+from pytest_workerstart.probes.cores import usable_cores  # noqa: F401 - public here too (docs/reference.md)
 
 __all__ = ["ParallelStartDataLoader", "WorkerStartError", "WorkerFailedError", "preload_forkserver", "usable_cores"]
 
@@ -70,17 +91,6 @@ def _scrub(exc: BaseException | None, seen: set[int] | None = None) -> None:
         traceback.clear_frames(exc.__traceback__)
         _scrub(exc.__context__, seen)
         exc = exc.__cause__
-
-
-def usable_cores() -> int:
-    """Cores this process may run on: a good ``worker_start_parallelism`` under spawn.
-
-    More concurrent spawn boots than cores only share the CPU, so worker 0,
-    which the first batch needs, boots later (see docs/benchmark.md)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def preload_forkserver(*modules: str, dataset=None) -> list[str]:
@@ -164,7 +174,7 @@ class ParallelStartDataLoader(DataLoader):
 def _worker_main(token, loop_kwargs) -> None:
     """Worker process entry: watch the driver, then run torch's worker loop."""
     driverwatch.watch_driver(token)
-    _ti.run_worker_loop(loop_kwargs)
+    torch_internals.run_worker_loop(loop_kwargs)
 
 
 #: Index queues of live iterators, held outside any reference cycle.
@@ -180,16 +190,15 @@ class _Launcher:
     """Starts ``workers`` in id order, at most ``parallelism`` at once, in threads.
 
     After the first failure no new start begins; in-flight ones finish.
-    ``finished`` gets each worker id as its start returns. Plain threads, not a
+    Plain threads, not a
     ThreadPoolExecutor: a KeyboardInterrupt inside ``submit`` can leave a pool
     thread that nothing joins; these are joined even after an interrupted
     ``Thread.start()``.
     """
 
-    def __init__(self, workers: list, parallelism: int, finished: list | None = None) -> None:
+    def __init__(self, workers: list, parallelism: int) -> None:
         self.workers = workers
         self.parallelism = min(parallelism, len(workers))
-        self.finished = finished if finished is not None else []
         self.errors: dict[int, BaseException] = {}
         self._stop = threading.Event()
         self._next_id = iter(range(len(workers)))
@@ -214,9 +223,6 @@ class _Launcher:
             except BaseException as exc:  # noqa: BLE001 - reported by failure()
                 self.errors[i] = exc
                 self._stop.set()
-            else:
-                with self._lock:
-                    self.finished.append(i)
 
     def done(self) -> bool:
         return not any(t.is_alive() for t in self._threads)
@@ -249,30 +255,13 @@ class _Launcher:
         return err
 
 
-def _start_all(workers, parallelism: int, finished: list | None = None) -> None:
-    """Start ``workers`` in id order, at most ``parallelism`` at once; return when all have.
-
-    Raises :class:`WorkerStartError` for the lowest failing worker id; every start
-    thread has been joined when this returns or raises.
-    """
-    n = len(workers)
-    finished = finished if finished is not None else []
-    if parallelism == 1:
-        for i, w in enumerate(workers):
-            try:
-                w.start()
-            except Exception as exc:
-                raise WorkerStartError(i, n, exc) from exc
-            finished.append(i)
-        return
-    launcher = _Launcher(workers, parallelism, finished)
-    try:
-        launcher.begin()
-    finally:
-        launcher.join()
-    failure = launcher.failure()
-    if failure is not None:
-        raise failure
+def _start_serially(workers) -> None:
+    """torch's own start: one by one, in id order, before ``iter()`` returns."""
+    for i, w in enumerate(workers):
+        try:
+            w.start()
+        except Exception as exc:
+            raise WorkerStartError(i, len(workers), exc) from exc
 
 
 def _join_started(t: threading.Thread, patience: float = 1.0) -> None:
@@ -296,7 +285,7 @@ def _stop_launches(launches, done_event) -> None:
         if w.is_alive():
             w.terminate()
     for _, w in started:
-        w.join(timeout=_ti.MP_STATUS_CHECK_INTERVAL)
+        w.join(timeout=torch_internals.MP_STATUS_CHECK_INTERVAL)
         if w.is_alive():
             w.kill()
             w.join()
@@ -307,14 +296,14 @@ def _stop_launches(launches, done_event) -> None:
             w.close()
 
 
-class _ParallelStartIter(_ti.MultiProcessingIter):
+class _ParallelStartIter(torch_internals.MultiProcessingIter):
     def __init__(self, loader: ParallelStartDataLoader) -> None:
-        _ti.BaseIter.__init__(self, loader)
+        torch_internals.BaseIter.__init__(self, loader)
         self._prefetch_factor = loader.prefetch_factor
         self._in_order = loader.in_order
         ctx = loader.multiprocessing_context or torch.multiprocessing
         method = ctx.get_start_method()
-        self._worker_init_fn = _ti.worker_init_fn_for(self, loader)
+        self._worker_init_fn = torch_internals.worker_init_fn_for(self, loader)
         # Everything torch's shutdown path reads exists before anything can fail.
         self._worker_pids_set = False
         self._shutdown = False
@@ -335,7 +324,7 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         _LIVE_INDEX_QUEUES[id(self)] = list(self._index_queues)
         try:
             if self._pin_memory:
-                _ti.start_pin_memory_thread(self)
+                torch_internals.start_pin_memory_thread(self)
             else:
                 self._data_queue = self._worker_result_queue
             if self._persistent_workers and self._pin_memory:
@@ -347,14 +336,16 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
             # once every start has returned: see _settle.)
             self._reset(loader, first_iter=True)
             if self._pending is None:
-                _ti.register_worker_pids(self)
+                torch_internals.register_worker_pids(self)
         except RuntimeError as exc:  # a worker died while we primed it
             if not _is_worker_failure(exc):
-                self._fail_if_starting()
+                if self._pending is not None:
+                    self._fail()
                 raise
             message = self._describe_failure(str(exc))
         except BaseException:  # e.g. Ctrl-C while deferred starts run
-            self._fail_if_starting()
+            if self._pending is not None:
+                self._fail()
             raise
         else:
             return
@@ -366,7 +357,7 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         # when a healthy worker exits below, aborting the shutdown before the
         # queues are closed. Stop listening first; joins still have timeouts.
         if not self._shutdown:
-            _ti.unregister_worker_pids(self)
+            torch_internals.unregister_worker_pids(self)
         self._halt_starts()
         try:
             super()._shutdown_workers()
@@ -382,9 +373,6 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
     # full cleanup, by the first __next__ that sees it, and at the latest by the
     # one that needs the failed worker.
 
-    def _defers_start(self, parallelism: int) -> bool:
-        return parallelism > 1
-
     def _settle(self) -> None:
         """If the deferred starts are over: raise their failure, or register pids."""
         launch = self._pending
@@ -395,9 +383,9 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         failure = launch.failure()
         if failure is None:
             self._launches = None
-            _ti.register_worker_pids(self)  # raises if a worker already died
+            torch_internals.register_worker_pids(self)  # raises if a worker already died
             return
-        # The eager path's cleanup seams, so a failure is handled in one place.
+        # The building state's cleanup, so a failed start is handled in one place.
         launches, procs = self._launches, launch.workers
         launch = self._launches = None
         self._cleanup_failed_start(launches)  # stop started workers, close every index queue
@@ -417,10 +405,7 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
             return
         launch.halt()
         launch.failure()  # shutting down anyway: drop the error and its frames
-        self._drop_unstarted()
-
-    def _drop_unstarted(self) -> None:
-        """Close the queues of workers never started and forget them (torch joins all)."""
+        # Close the queues of workers never started and forget them (torch joins all).
         keep = [i for i, w in enumerate(self._workers) if w._popen is not None]
         for i, q in enumerate(self._index_queues):
             if i not in keep:
@@ -431,11 +416,7 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         self._index_queues = [self._index_queues[i] for i in keep]
         self._workers_status = [status[i] for i in keep]
 
-    def _fail_if_starting(self) -> None:
-        if self._pending is not None:
-            self._fail()
-
-    def _try_get_data(self, timeout=_ti.MP_STATUS_CHECK_INTERVAL):
+    def _try_get_data(self, timeout=torch_internals.MP_STATUS_CHECK_INTERVAL):
         if self._pending is None:
             return super()._try_get_data(timeout)
         deadline = time.monotonic() + timeout
@@ -464,18 +445,18 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         return 1 if method == "fork" else min(loader.worker_start_parallelism, self._num_workers)
 
     def _launch(self, ctx, parallelism: int) -> None:
+        """Build every worker, then start serially (p = 1) or begin the deferred start."""
         launches: list = []
         procs: list = []
-        finished: list = []
         try:
             self._build(ctx, launches)
             procs.extend(w for _, w in launches)
-            if self._defers_start(parallelism):
-                self._pending = _Launcher(procs, parallelism, finished)
+            if parallelism > 1:
+                self._pending = _Launcher(procs, parallelism)
                 self._launches = launches  # for _settle's cleanup if a deferred start fails
                 self._pending.begin()
             else:
-                self._start(procs, parallelism, finished)
+                _start_serially(procs)
         except BaseException as exc:
             if self._pending is not None:
                 self._pending.halt()
@@ -483,12 +464,9 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
             self._cleanup_failed_start(launches)
             self._forget(exc, launches, procs)
             raise
-        self._register(launches, finished)
+        self._register(launches)
 
     # Seams (one method per decision; the broken loaders in fixtures/ override one each).
-    def _start(self, procs: list, parallelism: int, finished: list) -> None:
-        _start_all(procs, parallelism, finished)
-
     def _cleanup_failed_start(self, launches: list) -> None:
         _stop_launches(launches, self._workers_done_event)
 
@@ -499,8 +477,8 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
             lst.clear()
         _scrub(exc)
 
-    def _register(self, launches: list, finished: list) -> None:
-        """Worker-id order, whatever order the starts finished in."""
+    def _register(self, launches: list) -> None:
+        """Worker-id order, whatever order the starts finish in."""
         self._index_queues = [q for q, _ in launches]
         self._workers = [w for _, w in launches]
 
@@ -513,7 +491,7 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         for i in range(self._num_workers):
             q = ctx.Queue()
             q.cancel_join_thread()  # the driver never waits on what it sent
-            w = ctx.Process(target=self._worker_target(), args=(token, _ti.worker_loop_kwargs(self, i, q)), daemon=True)
+            w = ctx.Process(target=self._worker_target(), args=(token, torch_internals.worker_loop_kwargs(self, i, q)), daemon=True)
             launches.append((q, w))
 
     def _abandon(self) -> None:
@@ -536,12 +514,14 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
             raise  # _settle cleaned up already
         except RuntimeError as exc:
             if not _is_worker_failure(exc):
-                self._fail_if_starting()
+                if self._pending is not None:
+                    self._fail()
                 raise
             message = self._describe_failure(str(exc))
         except BaseException as exc:
             if not isinstance(exc, (Exception, GeneratorExit)):
-                self._fail_if_starting()  # Ctrl-C while starts run: stop them all now
+                if self._pending is not None:  # Ctrl-C while starts run: stop them all now
+                    self._fail()
             raise
         self._fail()  # outside the except block: the RuntimeError is not kept as __context__
         raise WorkerFailedError(message)
@@ -564,7 +544,7 @@ class _ParallelStartIter(_ti.MultiProcessingIter):
         # Unregister first: otherwise the next SIGCHLD (a healthy worker exiting
         # during shutdown) re-raises the failure from inside _shutdown_workers,
         # aborting it before the queues are closed.
-        _ti.unregister_worker_pids(self)
+        torch_internals.unregister_worker_pids(self)
         self._shutdown_workers()
         for q in (self._worker_result_queue,):
             if q is not None:

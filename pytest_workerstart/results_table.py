@@ -12,17 +12,9 @@ import json
 import sys
 from pathlib import Path
 
+from pytest_workerstart.verdict import cell
+
 CONTEXTS = ("spawn", "forkserver", "fork")
-
-
-def _cell(outcomes: list[str]) -> str:
-    if not outcomes:
-        return "–"
-    for worst in ("error", "failed", "xfailed", "passed", "skipped"):
-        if worst in outcomes:
-            n = outcomes.count(worst)
-            return worst if n == len(outcomes) else f"{worst} {n}/{len(outcomes)}"
-    return "?"
 
 
 def render(paths: list[Path]) -> str:
@@ -37,7 +29,8 @@ def render(paths: list[Path]) -> str:
         row = [f"`{check_id}`"]
         for v in verdicts:
             for ctx in CONTEXTS:
-                row.append(_cell([c["outcome"] for c in v["checks"] if c["id"] == check_id and c["context"] == ctx]))
+                row.append(cell([c["outcome"] or "not run" for c in v["checks"]
+                                 if c["id"] == check_id and c["context"] == ctx], empty="–"))
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     for v in verdicts:

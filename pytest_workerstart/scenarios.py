@@ -16,13 +16,8 @@ from typing import Any
 
 import pytest
 
-from pytest_workerstart.probes.scenario import ScenarioResult, run_scenario
-
-
-def loader_payload(loader) -> dict[str, Any]:
-    """What a fresh interpreter needs to rebuild ``loader`` (a LoaderUnderTest)."""
-    return {"spec": loader.spec, "kwarg": loader.parallelism_kwarg or "none",
-            "caps": {k: list(v) if isinstance(v, tuple) else v for k, v in loader.capabilities.items()}}
+from pytest_workerstart.probes.faults import describe_chain
+from pytest_workerstart.probes.runner import ScenarioResult, run_scenario
 
 
 def child_env() -> dict[str, str]:
@@ -31,25 +26,22 @@ def child_env() -> dict[str, str]:
 
 
 def run(loader, context: str, name: str, *, timeout: float, **kwargs) -> ScenarioResult:
-    """Run ``scenario_<name>`` for ``loader`` (a LoaderUnderTest) in ``context``."""
-    return run_scenario(f"{__name__}:scenario_{name}", {"loader": loader_payload(loader), "context": context, **kwargs},
+    """Run ``scenario_<name>`` of this module (or ``name`` = "module:function") for
+    ``loader`` (a LoaderUnderTest) in ``context``."""
+    target = name if ":" in name else f"{__name__}:scenario_{name}"
+    return run_scenario(target, {"loader": loader.payload(), "context": context, **kwargs},
                         timeout=timeout, env=child_env())
 
 
-def _setup(loader: dict, context: str):
+def rebuild(loader: dict, context: str):
+    """In the scenario process: the loader under test from its payload, forkserver warmed."""
     from pytest_workerstart import protocol
-    from pytest_workerstart.harness import warm_forkserver
+    from pytest_workerstart.probes.context import warm_forkserver
 
-    lut = protocol.resolve(loader["spec"], loader["kwarg"], loader["caps"])
+    built = protocol.from_payload(loader)
     if context == "forkserver":
         warm_forkserver()
-    return lut
-
-
-def _chain(exc) -> list[str]:
-    from pytest_workerstart.harness import exception_chain
-
-    return [f"{type(e).__name__}: {e}"[:600] for e in exception_chain(exc)]
+    return built
 
 
 # --- preflight ---------------------------------------------------------------
@@ -62,11 +54,11 @@ def scenario_preflight(loader: dict, context: str, num_workers: int, parallelism
     spawn worker pays to boot, the unit of every in-process deadline.
     """
     t0 = time.monotonic()
-    lut = _setup(loader, context)
+    under_test = rebuild(loader, context)
     boot = time.monotonic() - t0
     from pytest_workerstart.fixtures.datasets import WorkerTagDataset
 
-    dl = lut.make(WorkerTagDataset(8), num_workers=num_workers, multiprocessing_context=context,
+    dl = under_test.make(WorkerTagDataset(8), num_workers=num_workers, multiprocessing_context=context,
                   parallelism=parallelism, batch_size=2)
     it = iter(dl)
     next(it)
@@ -98,11 +90,11 @@ def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, nu
     from pytest_workerstart.probes.faults import FaultPlan
     from pytest_workerstart.probes.leaks import LeakSnapshot
 
-    lut = _setup(loader, context)
+    under_test = rebuild(loader, context)
     before = LeakSnapshot.take()
     plan = getattr(FaultPlan, fault)(worker)
     ctx = InstrumentedContext(context, num_workers=num_workers, faults=plan)
-    dl = lut.make(WorkerTagDataset(12), num_workers=num_workers, multiprocessing_context=ctx,
+    dl = under_test.make(WorkerTagDataset(12), num_workers=num_workers, multiprocessing_context=ctx,
                   parallelism=parallelism, batch_size=2, timeout=loader_timeout)
     t0 = time.monotonic()
     error = None
@@ -119,7 +111,7 @@ def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, nu
     # loader's wait. Boot cost, measured here, widens the slack under load.
     ready = [r.ready for r in recs if r.ready is not None]
     boots = [r.ready - r.start_begin for r in recs if r.ready is not None and r.start_begin is not None]
-    chain = _chain(error) if error is not None else []
+    chain = describe_chain(error) if error is not None else []
     live = LeakSnapshot.wait_clean(before, timeout=10, kinds=("processes", "threads"))
     error = None
     del dl
@@ -143,6 +135,9 @@ def judge_child_fault(out: dict, worker: int, timeout: float | None = None) -> N
     pid = out["pids"].get(str(worker)) or out["pids"].get(worker)
     names = [f"worker {worker}", f"worker process {worker}"] + ([str(pid)] if pid else [])
     assert any(n in text for n in names), f"the error does not name worker {worker} (pid {pid}): {text[:400]}"
+    assert not out["live_while_held"], (
+        f"while the error is held (the leak rule): processes or threads of the loader are still alive:\n"
+        f"{out['live_while_held']}")
     if timeout is not None:
         within = timeout + max(10.0, 2 * out["max_boot"])
         assert out["since_ready"] <= within, (
@@ -161,12 +156,12 @@ def scenario_interrupt(loader: dict, context: str, worker: int, num_workers: int
     from pytest_workerstart.probes.faults import FaultPlan
     from pytest_workerstart.probes.leaks import LeakSnapshot
 
-    lut = _setup(loader, context)
+    under_test = rebuild(loader, context)
     before = LeakSnapshot.take()
     # Later workers start slowly so the interrupt lands while starts are in flight.
     plan = FaultPlan.interrupt(worker) + FaultPlan.start_delay({w: 0.5 for w in range(worker + 1, num_workers)})
     ctx = InstrumentedContext(context, num_workers=num_workers, faults=plan)
-    dl = lut.make(WorkerTagDataset(12), num_workers=num_workers, multiprocessing_context=ctx,
+    dl = under_test.make(WorkerTagDataset(12), num_workers=num_workers, multiprocessing_context=ctx,
                   parallelism=parallelism, batch_size=2)
     holder: list = []
     try:
@@ -214,7 +209,7 @@ def scenario_driver(loader: dict, context: str, case: str, num_workers: int, par
     from pytest_workerstart.probes.context import InstrumentedContext
     from pytest_workerstart.probes.faults import FaultPlan
 
-    lut = _setup(loader, context)
+    under_test = rebuild(loader, context)
     ready, go = Path(ready_path), Path(go_path)
 
     def exit_on_go() -> None:  # the os._exit(0) variant
@@ -225,7 +220,7 @@ def scenario_driver(loader: dict, context: str, case: str, num_workers: int, par
     threading.Thread(target=exit_on_go, daemon=True).start()
     plan = FaultPlan.start_delay({num_workers - 1: 600.0}) if case == "mid_start" else None
     ctx = InstrumentedContext(context, num_workers=num_workers, faults=plan)
-    dl = lut.make(WorkerTagDataset(64), num_workers=num_workers, multiprocessing_context=ctx,
+    dl = under_test.make(WorkerTagDataset(64), num_workers=num_workers, multiprocessing_context=ctx,
                   parallelism=parallelism, batch_size=2)
     if case == "mid_start":
         def announce() -> None:
@@ -240,86 +235,3 @@ def scenario_driver(loader: dict, context: str, case: str, num_workers: int, par
         next(it)
         ready.write_text("after-first-batch")
     time.sleep(600)
-
-
-# --- distributed: ranks x workers ---------------------------------------------
-
-
-def scenario_distributed(loader: dict, context: str, world_size: int, num_workers: int, parallelism: int | None,
-                         n: int, fail_rank: int | None, pg_timeout: float, outdir: str) -> dict[str, Any]:
-    """``world_size`` ranks of a gloo group on 127.0.0.1 (torch.multiprocessing, spawn).
-
-    Every rank iterates a map-style dataset through ``DistributedSampler`` and an
-    IterableDataset sharded by rank x ``get_worker_info()``, then meets the others
-    in a barrier. With ``fail_rank`` that rank's first worker start fails: it must
-    raise and clean up; the others must not wait longer than ``pg_timeout``.
-    Returns each rank's report and the processes left once all ranks have exited.
-    """
-    import json
-    import socket
-    from pathlib import Path
-
-    import psutil
-    import torch.multiprocessing as tmp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    t0 = time.monotonic()
-    pc = tmp.start_processes(_rank_main, args=(world_size, port, loader, context, num_workers, parallelism, n,
-                                               fail_rank, pg_timeout, outdir),
-                             nprocs=world_size, join=False, start_method="spawn")
-    deadline = t0 + 4 * pg_timeout + 60
-    ranks = pc.processes
-    while any(p.is_alive() for p in ranks) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    hung = [r for r, p in enumerate(ranks) if p.is_alive()]
-    for p in ranks:
-        if p.is_alive():
-            p.kill()
-        p.join()
-    elapsed = time.monotonic() - t0
-    reports = {}
-    for r in range(world_size):
-        f = Path(outdir) / f"rank{r}.json"
-        reports[r] = json.loads(f.read_text()) if f.exists() else None
-    exitcodes = [p.exitcode for p in ranks]
-    from multiprocessing import resource_tracker
-
-    own_tracker = resource_tracker._resource_tracker._pid  # this interpreter's, started by spawn above
-    left = []
-    end = time.monotonic() + 15
-    while time.monotonic() < end:
-        left = [f"pid {c.pid} {' '.join(c.cmdline())[:120]}" for c in psutil.Process().children(recursive=True)
-                if c.pid != own_tracker and c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-        if not left:
-            break
-        time.sleep(0.2)
-    return {"reports": reports, "hung_ranks": hung, "exitcodes": exitcodes, "elapsed": elapsed, "left": left}
-
-
-def _rank_main(rank: int, world_size: int, port: int, loader: dict, context: str, num_workers: int,
-               parallelism: int | None, n: int, fail_rank: int | None, pg_timeout: float, outdir: str) -> None:
-    import json
-    from pathlib import Path
-
-    from pytest_workerstart import distributed
-
-    report = distributed.run_rank(rank, world_size, f"tcp://127.0.0.1:{port}", loader, context, num_workers,
-                                  parallelism, n, fail_rank, pg_timeout)
-    (Path(outdir) / f"rank{rank}.json").write_text(json.dumps(report))
-    os._exit(1 if rank == fail_rank else 0)  # skip the group's atexit teardown, which can block on a dead peer
-
-
-def judge_distributed(out: dict, world_size: int, num_workers: int, n: int, fail_rank: int | None,
-                      pg_timeout: float) -> None:
-    from pytest_workerstart import distributed
-
-    reps = out["reports"]
-    missing = [r for r, rep in reps.items() if rep is None]
-    assert not missing and not out["hung_ranks"], (
-        f"ranks {missing or out['hung_ranks']} gave no report (hung: {out['hung_ranks']}, "
-        f"exit codes {out['exitcodes']}, {out['elapsed']:.0f} s)")
-    assert not out["left"], "processes left after every rank exited:\n" + "\n".join(out["left"])
-    problems = distributed.judge(list(reps.values()), world_size, num_workers, n, fail_rank, pg_timeout)
-    assert not problems, "\n".join(problems)

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from pytest_workerstart import protocol
+from pytest_workerstart import protocol, registry
 from pytest_workerstart.settings import Settings
-from pytest_workerstart.verdict import OUTCOMES, Verdict, parse_nodeid
+from pytest_workerstart.verdict import OUTCOMES, Verdict, cell, parse_nodeid
 
 SUITE_DIR = Path(__file__).resolve().parent / "conformance"
 if not SUITE_DIR.is_dir():  # running from a source checkout (editable install)
@@ -40,8 +40,12 @@ class WorkerstartSession:
     """The state of one ``--workerstart`` run, registered as a plugin."""
 
     def __init__(self, config: pytest.Config, loader: protocol.LoaderUnderTest, settings: Settings,
-                 contexts: tuple[str, ...]):
+                 contexts: tuple[str, ...], embedded: bool = False):
         self.config = config
+        #: embedded: the checks were imported into a project's own tests (see plugin.embed)
+        self.embedded = embedded
+        self._preflown: set[str] = set()
+        self._from_fixture: tuple | None = None  # (what workerstart_loader returned, its LoaderUnderTest)
         self.loader = loader
         self.settings = settings
         self.contexts = contexts
@@ -55,7 +59,7 @@ class WorkerstartSession:
 
     # --- configuration -----------------------------------------------------
     @classmethod
-    def from_config(cls, config: pytest.Config, settings: Settings) -> "WorkerstartSession":
+    def from_config(cls, config: pytest.Config, settings: Settings, embedded: bool = False) -> "WorkerstartSession":
         try:
             overrides: dict[str, Any] = {}
             for item in settings.capability:
@@ -67,9 +71,25 @@ class WorkerstartSession:
             raise pytest.UsageError(str(exc)) from None
         # torch warns when num_workers exceeds the cores; the suite does that on purpose.
         config.addinivalue_line("filterwarnings", "ignore:This DataLoader will create:UserWarning")
-        self = cls(config, loader, settings, contexts)
-        self._add_suite_path()
+        self = cls(config, loader, settings, contexts, embedded)
+        if not embedded:
+            self._add_suite_path()
         return self
+
+    def coverage(self) -> dict[str, dict[str, str]]:
+        """Per context that ran, per clause: "parallel" if a check of it ran (passed or
+        failed) where the loader declares parallel start, else "serial"."""
+        declared = set(self.loader.parallel_contexts())
+        out: dict[str, dict[str, str]] = {}
+        for r in self.verdict.records.values():
+            if r.state != "finished" or r.outcome in ("skipped", None) or r.context is None:
+                continue
+            check = registry.CHECKS.get(r.id)
+            path = "parallel" if check and check.parallel_path and r.context in declared else "serial"
+            clauses = out.setdefault(r.context, {})
+            if clauses.get(check.clause if check else r.id) != "parallel":
+                clauses[check.clause if check else r.id] = path
+        return {ctx: dict(sorted(c.items())) for ctx, c in sorted(out.items())}
 
     def _settings_record(self) -> dict[str, Any]:
         record = self.settings.for_verdict()
@@ -90,12 +110,16 @@ class WorkerstartSession:
         marker = metafunc.definition.get_closest_marker("workerstart_check")
         if marker is None or "ws_context" not in metafunc.fixturenames:
             return
-        check_id = marker.args[0]
-        only = marker.kwargs.get("contexts")
+        spec = registry.get(marker.args[0])
+        check_id, only = spec.id, spec.contexts
         contexts = [c for c in self.contexts if only is None or c in only]
         if self.settings.profile == "quick":
-            # forkserver (with preload) unless the clause says it is about spawn too
-            wanted = marker.kwargs.get("quick_contexts", ("forkserver",))
+            # forkserver (with preload) unless the clause says it is about spawn too; a
+            # clause with a parallel path runs where the loader declares parallel start
+            wanted = spec.quick_contexts
+            declared = self.loader.parallel_contexts()
+            if spec.parallel_path and declared and not set(wanted) & set(declared):
+                wanted = declared
             quick = [c for c in contexts if c in wanted]
             contexts = quick or contexts[:1]
         if not contexts:
@@ -113,7 +137,8 @@ class WorkerstartSession:
             marker = item.get_closest_marker("workerstart_check")
             if marker is None:
                 continue
-            check_id = marker.args[0]
+            spec = registry.get(marker.args[0])
+            check_id = spec.id
             ctx = item.callspec.params.get("ws_context") if hasattr(item, "callspec") else None
             item.user_properties.append(("workerstart_check", check_id))
             item.user_properties.append(("workerstart_context", ctx))
@@ -123,17 +148,9 @@ class WorkerstartSession:
             if ctx and ctx not in available:
                 item.add_marker(pytest.mark.skip(reason=f"context {ctx!r} is not available on {platform.system()}"))
                 continue
-            if marker.kwargs.get("needs_parallelism_kwarg") and self.loader.parallelism_kwarg is None:
-                item.add_marker(pytest.mark.skip(
-                    reason="loader does not declare capability 'parallel_start' (no parallelism keyword)"))
-                continue
-            for cap in marker.kwargs.get("requires", ()):
-                if not self.loader.has(cap, ctx if protocol.CAPABILITIES[cap][0] == "contexts" else None):
-                    where = f" for context {ctx!r}" if protocol.CAPABILITIES[cap][0] == "contexts" else ""
-                    item.add_marker(pytest.mark.skip(
-                        reason=f"loader does not declare capability {cap!r}{where}"))
-                    break
-            if marker.kwargs.get("serial_only") and os.environ.get("PYTEST_XDIST_WORKER"):
+            # What the loader declares is judged when the check starts (check_env):
+            # the loader may come from a conftest fixture, known only then.
+            if spec.serial_only and os.environ.get("PYTEST_XDIST_WORKER"):
                 item.add_marker(pytest.mark.skip(reason="speed checks run serially, never under xdist"))
             for key in ((check_id, ctx), (check_id, None)):
                 if key in self.settings.xfails:
@@ -150,8 +167,9 @@ class WorkerstartSession:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._select(session)
-        if self.settings.preflight and self.verdict.records and not self.config.option.collectonly:
-            self._preflight()
+        if self.settings.preflight and self.verdict.records and not self.config.option.collectonly \
+                and not self.embedded:
+            self._preflight(self.loader)
 
     def _select(self, session: pytest.Session) -> None:
         for item in session.items:
@@ -174,8 +192,28 @@ class WorkerstartSession:
 
     # --- fixtures available to the checks ----------------------------------
     @pytest.fixture
-    def ws_loader(self) -> protocol.LoaderUnderTest:
+    def ws_loader(self, workerstart_loader) -> protocol.LoaderUnderTest:
+        """The loader under test: the SPEC of the settings, or what a project's
+        ``workerstart_loader`` fixture returns (resolved, and preflown, once)."""
+        if workerstart_loader is None:
+            return self.loader
+        if self._from_fixture is None or self._from_fixture[0] is not workerstart_loader:
+            try:
+                loader = protocol.from_factory(workerstart_loader)
+            except protocol.SpecError as exc:
+                raise pytest.UsageError(f"workerstart_loader fixture: {exc}") from None
+            self._from_fixture = (workerstart_loader, loader)
+            if loader.spec != self.loader.spec:
+                self.adopt(loader)
         return self.loader
+
+    def adopt(self, loader: protocol.LoaderUnderTest) -> None:
+        """Judge ``loader`` (from a fixture) instead of the settings' SPEC."""
+        self.loader = loader
+        self.verdict.loader = loader.describe()
+        self.verdict.settings = self._settings_record()
+        if self.settings.preflight and loader.spec not in self._preflown:
+            self._preflight(loader)
 
     @pytest.fixture
     def ws_settings(self) -> Settings:
@@ -196,7 +234,7 @@ class WorkerstartSession:
         return max(STEP_FLOOR_S, STEP_BASE_S + STEP_BOOTS * self.boot_cost * max(1, num_workers))
 
     # --- preflight and circuit breaker ---------------------------------------
-    def _preflight(self) -> None:
+    def _preflight(self, loader: protocol.LoaderUnderTest) -> None:
         """Build the loader and fetch one batch in a fresh interpreter, before any check.
 
         A loader that cannot do that (rejects the suite's datasets, raises,
@@ -205,15 +243,16 @@ class WorkerstartSession:
         """
         from pytest_workerstart import scenarios
 
+        self._preflown.add(loader.spec)
         ctx = self.contexts[0]
-        p = 2 if self.loader.has("parallel_start", ctx) else None
+        p = 2 if loader.has("parallel_start", ctx) else None
         timeout = self.settings.step_timeout or PREFLIGHT_TIMEOUT_S
-        res = scenarios.run(self.loader, ctx, "preflight", timeout=timeout, num_workers=2, parallelism=p)
+        res = scenarios.run(loader, ctx, "preflight", timeout=timeout, num_workers=2, parallelism=p)
         problem = scenarios.preflight_problem(res, timeout)
         if problem is None:
             self.boot_cost = res.value["boot_s"]
             return
-        line = (f"workerstart: preflight: loader {self.loader.spec} ({self.loader.qualname}, {ctx}, num_workers=2): "
+        line = (f"workerstart: preflight: loader {loader.spec} ({loader.qualname}, {ctx}, num_workers=2): "
                 f"{problem}; no check ran. How to adapt a loader: {ADAPTER_DOCS}")
         self.verdict.not_run_reason = line.removeprefix("workerstart: ")
         self._write(final=False)
@@ -227,7 +266,7 @@ class WorkerstartSession:
         if report.passed:
             self._streak.clear()
         elif report.failed and not hasattr(report, "wasxfail"):
-            env = getattr(item, "funcargs", {}).get("ws")
+            env = getattr(item, "funcargs", {}).get("check_env")
             sig = env.failure_signature(call.excinfo.value) if env is not None and call.excinfo else None
             self._observe_failure(item, sig)
         return report
@@ -276,6 +315,7 @@ class WorkerstartSession:
 
     def _write(self, *, final: bool, exitstatus: int | None = None) -> None:
         if self._json is not None:
+            self.verdict.coverage = self.coverage()
             self.verdict.write(self._json, exitstatus=exitstatus,
                                duration_s=time.monotonic() - self._started, final=final)
 
@@ -297,7 +337,7 @@ class WorkerstartSession:
         width = max(len(k) for k in table) + 2
         tr.write_line("check".ljust(width) + "".join(c.ljust(12) for c in contexts))
         for check_id in sorted(table):
-            cells = [_cell(table[check_id].get(c, [])).ljust(12) for c in contexts]
+            cells = [cell(table[check_id].get(c, [])).ljust(12) for c in contexts]
             tr.write_line(check_id.ljust(width) + "".join(cells))
         counts = self.verdict.summary()
         tr.write_line("")
@@ -314,6 +354,15 @@ class WorkerstartSession:
             why = why.removeprefix("workerstart: ")
             tr.write_line(f"workerstart: INCOMPLETE: {counts['not_run']} selected check(s) did not finish: {why}",
                           red=True)
+        coverage = self.coverage()
+        for ctx, clauses in coverage.items():
+            parallel = [c for c, path in clauses.items() if path == "parallel"]
+            tr.write_line(f"workerstart: coverage {ctx}: parallel start exercised in "
+                          f"{', '.join(parallel) if parallel else 'no clause'}")
+        if self.loader.kwarg_not_found:
+            tr.write_line(f"workerstart: no parallelism keyword found for {self.loader.spec}: parallel start was never "
+                          f"exercised; name it with --workerstart-parallelism-kwarg=NAME "
+                          f"(or --workerstart-parallelism-kwarg=none to silence this)", yellow=True)
         if counts["passed"] == 0:
             tr.write_line("workerstart: WARNING: no check passed; this verdict covers nothing", red=True)
 
@@ -336,12 +385,3 @@ class WorkerstartSession:
         from pytest_workerstart.probes import reaper
 
         reaper.stop_guard()
-
-
-def _cell(outcomes: list[str]) -> str:
-    if not outcomes:
-        return ""
-    order = ("error", "failed", "not run", "xfailed", "passed", "skipped")
-    worst = next(o for o in order if o in outcomes)
-    n = outcomes.count(worst)
-    return worst if len(outcomes) == 1 else f"{worst} {n}/{len(outcomes)}"

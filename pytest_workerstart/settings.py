@@ -149,6 +149,7 @@ class Option:
     ini_type: str | None = None  # pytest ini type ("bool", "linelist") or None (string)
     env: bool = True
     ini: bool = True
+    ini_key: str | None = None  # when the ini key is not ``workerstart_<field>``
     #: False for options that only say where output goes (they cannot change a verdict).
     in_verdict: bool = True
 
@@ -166,7 +167,7 @@ class Option:
 
     @property
     def ini_name(self) -> str | None:
-        return self.dest if self.ini else None
+        return (self.ini_key or self.dest) if self.ini else None
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -175,6 +176,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("parallelism_kwarg", _text, None, metavar="NAME",
            help="keyword that sets start parallelism ('none': the loader has no parallel start)"),
     Option("capability", _capabilities, (), metavar="NAME=VALUE", kind="list", ini_type="linelist",
+           ini_key="workerstart_capabilities",
            help="declare or override a capability, e.g. parallel_start=spawn,forkserver (repeatable)"),
     Option("context", _contexts, None, metavar="LIST",
            help="comma-separated contexts to check (default: every context the platform offers)"),
@@ -186,6 +188,9 @@ OPTIONS: tuple[Option, ...] = (
            help="speed.startup threshold (default: derived from boot cost and usable cores)"),
     Option("driver_death_timeout", _positive_float, 15.0, metavar="S",
            help="seconds every process of a killed driver has to disappear"),
+    Option("exit_timeout", _positive_float, 5.0, metavar="S",
+           help="seconds after the loader's end (exhaustion, break, del) for its processes and threads to go "
+                "(leaks.clean_exit; failure paths keep their own, documented patience)"),
     Option("step_timeout", _positive_float, None, metavar="S",
            help="deadline of each step that waits on the loader (iter(), a batch) in in-process checks "
                 "(default: derived from the boot cost measured at session start)"),
@@ -204,7 +209,7 @@ BY_FIELD = {o.field: o for o in OPTIONS}
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """The resolved options of one run; checks see it as ``ws.settings``."""
+    """The resolved options of one run; checks see it as ``check_env.settings``."""
 
     loader: str
     parallelism_kwarg: str | None
@@ -214,6 +219,7 @@ class Settings:
     strict: bool
     min_speedup: float | None
     driver_death_timeout: float
+    exit_timeout: float
     step_timeout: float | None
     circuit_breaker: int
     preflight: bool
@@ -252,8 +258,11 @@ SETTINGS = pytest.StashKey[Settings]()
 def add_options(parser: pytest.Parser) -> None:
     """Register every option as a flag and (where it has one) an ini key."""
     group = parser.getgroup("workerstart", "worker-start conformance suite (pytest-workerstart)")
+    from pytest_workerstart import registry
+
     group.addoption("--workerstart", action="store_true", default=False,
-                    help="collect and run the worker-start conformance suite (in addition to any paths given)")
+                    help="collect and run the worker-start conformance suite (in addition to any paths given); "
+                         f"its checks: {', '.join(registry.CHECKS)}")
     for opt in OPTIONS:
         where = [opt.flag]
         if opt.env_name:

@@ -89,6 +89,19 @@ class CheckRecord:
         return out
 
 
+#: Worst first: the outcome a table cell shows for several cases of one check.
+SEVERITY = ("error", "failed", "not run", "xfailed", "passed", "skipped")
+
+
+def cell(outcomes: list[str], empty: str = "") -> str:
+    """One table cell for the outcomes of a check's cases in one context ("failed 2/3")."""
+    if not outcomes:
+        return empty
+    worst = next(o for o in SEVERITY if o in outcomes)
+    n = outcomes.count(worst)
+    return worst if n == len(outcomes) else f"{worst} {n}/{len(outcomes)}"
+
+
 def one_line(report: pytest.TestReport) -> str:
     crash = getattr(report.longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr)
@@ -104,6 +117,8 @@ class Verdict:
         self.records: dict[str, CheckRecord] = {}
         self.deselected: list[dict[str, Any]] = []
         self.not_run_reason = ""
+        #: context -> clause -> "parallel" | "serial" (set by the session before each write)
+        self.coverage: dict[str, dict[str, str]] = {}
 
     def select(self, nodeid: str, check_id: str, context: str | None) -> CheckRecord:
         rec = self.records.get(nodeid)
@@ -166,6 +181,7 @@ class Verdict:
             "settings": {**self.settings, "contexts_run": self.contexts_run()},
             "checks": checks,
             "deselected": self.deselected,
+            "coverage": self.coverage,
             "summary": counts,
             "duration_s": round(duration_s, 3),
         }

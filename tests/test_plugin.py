@@ -24,9 +24,9 @@ def test_inert_without_the_flag(pytester):
         def test_plain(request):
             assert request.config.pluginmanager.has_plugin("workerstart")
             assert "torch" not in sys.modules
-            # the plugin and its settings table (stdlib + pytest only), nothing else
+            # the plugin, its settings table and the check registry (stdlib + pytest only)
             assert {m for m in sys.modules if m.startswith("pytest_workerstart.")} <= {
-                "pytest_workerstart.plugin", "pytest_workerstart.settings"}
+                "pytest_workerstart.plugin", "pytest_workerstart.settings", "pytest_workerstart.registry"}
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
@@ -237,3 +237,30 @@ def test_factory_that_raises_stops_at_the_preflight(pytester, run_suite):
     assert v.result.ret == 4
     assert all(c["state"] == "not_run" and "ValueError: factory exploded" in c["reason"] for c in v.data["checks"])
     assert "workerstart: preflight: loader badfactory:make" in v.result.stdout.str()
+def test_no_parallelism_keyword_is_said_in_one_line(pytester, run_suite):
+    pytester.makepyfile(concurrency="""
+        from torch.utils.data import DataLoader
+
+        class Loader(DataLoader):
+            def __init__(self, *args, start_concurrency=1, **kwargs):
+                super().__init__(*args, **kwargs)
+    """)
+    v = run_suite(*FAST, "-k", "start.default_serial or order.registration", "--workerstart-loader=concurrency:Loader")
+    out = v.result.stdout.str()
+    assert "workerstart: no parallelism keyword found for concurrency:Loader: parallel start was never exercised; " \
+           "name it with --workerstart-parallelism-kwarg=NAME" in out, out[-2000:]
+    assert v.data["coverage"] == {"forkserver": {"order": "serial", "start": "serial"}}
+    named = run_suite(*FAST, "-k", "order.registration", "--workerstart-loader=concurrency:Loader",
+                      "--workerstart-parallelism-kwarg=start_concurrency")
+    assert "no parallelism keyword found" not in named.result.stdout.str()
+    assert named.data["coverage"] == {"forkserver": {"order": "parallel"}}
+
+
+def test_quick_profile_runs_parallel_clauses_where_parallel_start_is_declared(pytester):
+    """A spawn-only parallel loader: the quick profile's parallel-path clauses run under spawn."""
+    result = pytester.runpytest_subprocess("--workerstart", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                           "--workerstart-profile=quick",
+                                           "--workerstart-capability=parallel_start=spawn")
+    out = result.stdout.str()
+    assert "order.registration-spawn" in out and "order.registration-forkserver" not in out, out[-2000:]
+    assert "start.default_serial-forkserver" in out  # a serial clause keeps the quick default

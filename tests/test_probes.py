@@ -11,7 +11,7 @@ from pytest_workerstart.probes import digest as dg
 from pytest_workerstart.probes.context import InstrumentedContext
 from pytest_workerstart.probes.faults import FaultPlan, InjectedStartError
 from pytest_workerstart.probes.leaks import LeakSnapshot
-from pytest_workerstart.probes.scenario import run_scenario
+from pytest_workerstart.probes.runner import run_scenario
 
 from . import _mpprograms as progs
 

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from pytest_workerstart import _torch_internals
 from pytest_workerstart.fixtures.datasets import AugmentedDataset, NestedMapDataset, ShardedRange, WorkerTagDataset
-from pytest_workerstart.harness import warm_forkserver
+from pytest_workerstart.probes.context import warm_forkserver
 from pytest_workerstart.probes.context import InstrumentedContext
 from pytest_workerstart.probes.digest import batch_digest
 from pytest_workerstart.probes.faults import FaultPlan
@@ -185,3 +185,18 @@ def test_early_break_while_starts_run_leaves_nothing():
     gc.collect()
     leaked = LeakSnapshot.wait_clean(before, timeout=15)
     assert not leaked, leaked.format()
+
+
+def test_private_attribute_drift_is_caught(monkeypatch):
+    """A torch whose iterator __init__ assigns an attribute the reference does not is unsupported."""
+    monkeypatch.setattr(_torch_internals, "ITER_STATE", _torch_internals.ITER_STATE - {"_in_order"})
+    with pytest.raises(_torch_internals.UnsupportedTorchError, match="_in_order"):
+        _torch_internals.check_supported()
+
+
+def test_resolving_the_reference_checks_torch(monkeypatch):
+    from pytest_workerstart import protocol
+
+    monkeypatch.setattr(_torch_internals, "SUPPORTED_TORCH", ((2, 99), (3, 0)))
+    with pytest.raises(protocol.SpecError, match="built-in loader 'reference': .*supports torch >=2.99"):
+        protocol.resolve("reference")

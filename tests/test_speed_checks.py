@@ -1,16 +1,17 @@
 """Speed checks against their broken loaders, under spawn in the full profile.
 
 The reference passes all three; each speed broken loader fails its target
-(``SPEED_CATCHES``) and nothing unrelated. Each run is one shared measurement
+(``@catches(..., speed=True)``) and nothing unrelated. Each run is one shared measurement
 (3 configurations x 3 fresh-process trials), about two minutes on 2 cores.
 """
 
 import pytest
 
-from pytest_workerstart.fixtures.broken.loaders import SPEED_CATCHES
+from pytest_workerstart.fixtures.broken import catalog
+
+_, SPEED_CATCHES = catalog.load()
 
 pytestmark = pytest.mark.slow
-MODULE = "pytest_workerstart.fixtures.broken.loaders"
 SPEED_IDS = ("speed.startup", "speed.steady_state", "speed.memory")
 ARGS = ("--workerstart-context=spawn", "--workerstart-profile=full", "-k", "speed")
 
@@ -26,8 +27,8 @@ def test_reference_passes_every_speed_check(run_suite):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", sorted(SPEED_CATCHES))
 def test_speed_broken_loader_is_caught(run_suite, name):
-    target, related = SPEED_CATCHES[name]
-    verdict = run_suite(f"--workerstart-loader={MODULE}:{name}", *ARGS)
+    (target,), related = SPEED_CATCHES[name].targets, SPEED_CATCHES[name].related
+    verdict = run_suite(f"--workerstart-loader={SPEED_CATCHES[name].spec}", *ARGS)
     assert verdict.outcomes(target) == ["failed"], (
         f"{name}: {target} did not fail: {verdict.outcomes(target)}\n{verdict.result.stdout.str()[-3000:]}")
     collateral = verdict.failed_ids() - {target} - set(related)

@@ -19,8 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-from pytest_workerstart.probes.timing import paired_ratio, run_trials, summarize
-from pytest_workerstart.reference import usable_cores
+from pytest_workerstart.probes.timing import paired_ratio, run_trials, summarize, usable_cores
 
 DATASET = "pytest_workerstart.bench.eurosat:EuroSATLike"
 METRICS = ("constructor_s", "iterator_creation_s", "time_to_first_batch_s", "steady_samples_per_s",
@@ -102,11 +101,11 @@ def machine() -> dict[str, Any]:
     }
 
 
-def trial_kwargs(cfg: Config, lut_desc: dict, dataset_kwargs: dict, batch_size: int, max_batches: int,
+def trial_kwargs(cfg: Config, loader_payload: dict, dataset_kwargs: dict, batch_size: int, max_batches: int,
                  seed: int) -> dict[str, Any]:
     base_ctx, _, extra = cfg.context.partition("+")
     return {
-        "loader": lut_desc, "dataset": DATASET, "dataset_kwargs": dataset_kwargs,
+        "loader": loader_payload, "dataset": DATASET, "dataset_kwargs": dataset_kwargs,
         "loader_kwargs": {"num_workers": cfg.num_workers, "batch_size": batch_size, "shuffle": True,
                           "prefetch_factor": 2},
         "context": base_ctx, "parallelism": None if cfg.parallelism == 1 else cfg.parallelism,
@@ -181,11 +180,11 @@ def run(args, progress) -> dict[str, Any]:
         checksum = (root / "CHECKSUM").read_text().split()[0] if (root / "CHECKSUM").exists() else None
     else:
         root, checksum = eurosat.make_dataset(per_class=args.per_class)
-    luts = {spec: protocol.resolve(spec, None, None) for spec in args.loader}
-    parallel = {spec: lut.parallel_contexts() for spec, lut in luts.items()}
+    under_tests = {spec: protocol.resolve(spec, None, None) for spec in args.loader}
+    parallel = {spec: under_test.parallel_contexts() for spec, under_test in under_tests.items()}
     configs = plan(args.loader, args.context, args.num_workers, args.parallelism, parallel)
     dataset_kwargs = {"root": str(root), "limit": args.limit}
-    per = {c.name: trial_kwargs(c, {"spec": c.loader}, dataset_kwargs, args.batch_size, args.max_batches, args.seed)
+    per = {c.name: trial_kwargs(c, under_tests[c.loader].payload(), dataset_kwargs, args.batch_size, args.max_batches, args.seed)
            for c in configs}
     progress(f"{len(configs)} configurations x {args.trials} trials = {len(configs) * args.trials} fresh processes")
     raw = run_trials(per, args.trials, timeout=args.trial_timeout, progress=progress, keep_going=True)
@@ -200,7 +199,7 @@ def run(args, progress) -> dict[str, Any]:
                      "dataset_pickle_bytes": len(pickle.dumps(ds)), "batch_size": args.batch_size,
                      "max_batches": args.max_batches, "prefetch_factor": 2, "shuffle_seed": args.seed,
                      "preload": list(PRELOAD)},
-        "loaders": {spec: lut.describe() for spec, lut in luts.items()},
+        "loaders": {spec: under_test.describe() for spec, under_test in under_tests.items()},
         "trials_per_config": args.trials,
         **summarize_results(configs, raw),
     }

@@ -274,10 +274,6 @@ class InstrumentedContext(BaseContext):
                 self._recorder.index = 0
             return self._recorder.generation
 
-    @property
-    def generation(self) -> int:
-        return self._recorder.generation
-
     def records(self, generation: int | None = None) -> list[WorkerRecord]:
         self._merge_child_events()
         with self._recorder.cond:
@@ -322,20 +318,6 @@ class InstrumentedContext(BaseContext):
         recs = [r for r in self.records(generation) if r.start_end is not None]
         return [r.worker for r in sorted(recs, key=lambda r: r.start_end)]
 
-    def pids(self, generation: int | None = None) -> list[int]:
-        return [r.pid for r in self.records(generation) if r.pid]
-
-    def summary(self, generation: int = 0) -> dict[str, Any]:
-        recs = self.records(generation)
-        return {
-            "method": self._name,
-            "peak_concurrent_starts": self.peak_concurrent_starts(generation),
-            "built_all_before_first_start": self.built_all_before_first_start(generation),
-            "start_durations": {r.worker: r.start_duration for r in recs},
-            "start_order": self.start_order(generation),
-            "workers": [dataclasses.asdict(r) for r in recs],
-        }
-
     def dump_worker_stacks(self, patience: float = 1.0) -> str:
         """Every thread's stack of each live, ready worker (SIGUSR1 to faulthandler)."""
         import signal
@@ -378,3 +360,25 @@ class InstrumentedContext(BaseContext):
 
     def __repr__(self) -> str:
         return f"<InstrumentedContext {self._name} faults={self.faults.describe()}>"
+
+
+#: Modules the forkserver imports once, so forked workers boot in milliseconds.
+#: Explicit names: the implicit ``__main__`` preload differs across Python
+#: versions (cpython#126631) and the suite must not depend on it.
+FORKSERVER_PRELOAD = ["torch", "torch.utils.data", "pytest_workerstart.fixtures.datasets",
+                      "pytest_workerstart.reference", "pytest_workerstart.probes.context"]
+
+_preloaded = False
+
+def warm_forkserver() -> None:
+    """Set the preload list before the forkserver first starts, then start it
+    (and the resource tracker) so their one-time fds precede any snapshot."""
+    global _preloaded
+    if _preloaded:
+        return
+    from multiprocessing import forkserver, resource_tracker
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+    forkserver.ensure_running()
+    resource_tracker.ensure_running()
+    _preloaded = True

@@ -18,8 +18,6 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +27,7 @@ import psutil
 from pytest_workerstart.probes import reaper
 from pytest_workerstart.probes.leaks import ProcInfo, attributed_shm, kill_tree
 from pytest_workerstart.probes.reaper import kill_session, session_members
+from pytest_workerstart.probes.runner import launch
 
 
 @dataclasses.dataclass
@@ -78,15 +77,8 @@ def run_driver_death(target: str, kwargs: dict, *, exit_mode: str, bound: float 
         raise ValueError(f"exit_mode must be 'sigkill' or 'exit', got {exit_mode!r}")
     workdir = Path(tempfile.mkdtemp(prefix="workerstart-driver-"))
     ready, go = workdir / "ready", workdir / "go"
-    request = workdir / "request.json"
-    request.write_text(json.dumps({"target": target, "result": str(workdir / "result.json"),
-                                   "kwargs": {**kwargs, "ready_path": str(ready), "go_path": str(go)}}))
     ours: set[str] = set()  # /dev/shm entries attributed to the scenario's tree
-    err = open(workdir / "stderr.txt", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "pytest_workerstart.probes.scenario", str(request)],
-                            stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
-                            env={**os.environ, **(env or {})})
-    err.close()
+    proc = launch(workdir, target, {**kwargs, "ready_path": str(ready), "go_path": str(go)}, env)
     leader_ctime = reaper.register_session(proc.pid)
     recorded: list[ProcInfo] = []
     try:

@@ -14,11 +14,10 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+
 
 PARENT_KINDS = ("start_error", "start_delay", "interrupt")
 CHILD_KINDS = ("child_exit", "child_hang", "child_kill")
-POSITIONS = ("first", "middle", "last")
 
 
 def position_to_worker(position: str | int, num_workers: int) -> int:
@@ -143,5 +142,21 @@ def apply_child_fault(fault: Fault) -> None:
             time.sleep(3600)
 
 
-def describe_fault(fault: Any) -> str:
-    return f"{fault.kind} at worker {fault.worker}"
+def exception_chain(exc: BaseException | None):
+    """``exc`` and the errors it surfaces, as a user sees them in the traceback.
+
+    An error surfaces the original through ``__cause__`` (``raise ... from e``),
+    or through ``__context__`` unless that is suppressed: ``raise ... from None``
+    hides the original from the user, so it does not count.
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ if exc.__cause__ is not None else (
+            None if exc.__suppress_context__ else exc.__context__)
+
+
+def describe_chain(exc: BaseException | None) -> list[str]:
+    """``Type: message`` for each exception of ``exc``'s chain (for JSON reports)."""
+    return [f"{type(e).__name__}: {e}"[:600] for e in exception_chain(exc)]

@@ -15,7 +15,8 @@ import statistics
 import time
 from typing import Any, Callable, Sequence
 
-from pytest_workerstart.probes.scenario import run_scenario
+from pytest_workerstart.probes.cores import usable_cores  # noqa: F401 - part of the timing probe
+from pytest_workerstart.probes.runner import run_scenario
 
 
 def tree_pss() -> int:
@@ -46,7 +47,7 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
     from pytest_workerstart import protocol
     from pytest_workerstart.probes.digest import batch_digest
 
-    lut = protocol.resolve(loader["spec"], loader.get("kwarg"), loader.get("caps"))
+    under_test = protocol.from_payload(loader)
     if context == "forkserver" and preload:
         from multiprocessing import forkserver
 
@@ -61,7 +62,7 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
     gc.collect()
     pss0 = tree_pss()
     t0 = time.perf_counter()
-    dl = lut.make(ds, multiprocessing_context=context, parallelism=parallelism, **loader_kwargs)
+    dl = under_test.make(ds, multiprocessing_context=context, parallelism=parallelism, **loader_kwargs)
     t1 = time.perf_counter()
     it = iter(dl)
     t2 = time.perf_counter()

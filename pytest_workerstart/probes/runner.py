@@ -1,7 +1,7 @@
 """Run a loader scenario in a fresh interpreter with a hard timeout.
 
 ``run_scenario("pkg.mod:func", {...}, timeout=60)`` starts
-``python -m pytest_workerstart.probes.scenario`` in a new session (so every
+``python -m pytest_workerstart.probes.runner`` in a new session (so every
 descendant, even one orphaned and re-parented to init, shares its session id),
 calls ``func(**kwargs)`` there and returns a :class:`ScenarioResult`.
 
@@ -62,20 +62,29 @@ class ScenarioResult:
         return "\n".join(parts)
 
 
-def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 120.0,
-                 env: dict[str, str] | None = None, dump_grace: float = 2.0) -> ScenarioResult:
-    workdir = Path(tempfile.mkdtemp(prefix="workerstart-scenario-"))
+def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``target(**kwargs)`` in a fresh interpreter in a new session (the one child launcher).
+
+    The request goes to ``workdir/request.json``, the result (if any) to
+    ``workdir/result.json``, stdout and stderr to ``workdir/stderr.txt``.
+    """
     request = workdir / "request.json"
-    result_path = workdir / "result.json"
-    request.write_text(json.dumps({"target": target, "kwargs": kwargs or {}, "result": str(result_path)}))
-    err_path = workdir / "stderr.txt"
-    start = time.monotonic()
-    with open(err_path, "wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest_workerstart.probes.scenario", str(request)],
+    request.write_text(json.dumps({"target": target, "kwargs": kwargs, "result": str(workdir / "result.json")}))
+    with open(workdir / "stderr.txt", "wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "pytest_workerstart.probes.runner", str(request)],
             stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
             env={**os.environ, **(env or {})},
         )
+
+
+def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 120.0,
+                 env: dict[str, str] | None = None, dump_grace: float = 2.0) -> ScenarioResult:
+    workdir = Path(tempfile.mkdtemp(prefix="workerstart-scenario-"))
+    result_path = workdir / "result.json"
+    err_path = workdir / "stderr.txt"
+    start = time.monotonic()
+    proc = launch(workdir, target, kwargs or {}, env)
     leader_ctime = reaper.register_session(proc.pid)
     stacks = None
     try:

@@ -1,4 +1,4 @@
-"""What every conformance check gets as its ``ws`` fixture.
+"""What every conformance check gets as its ``check_env`` fixture.
 
 Checks stay short: they describe the scenario and the expectation; building
 the loader through the protocol, instrumenting the context, holding and then
@@ -9,41 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import multiprocessing
 from typing import Any, Callable
 
 import pytest
 
-from pytest_workerstart.probes.context import InstrumentedContext
+from pytest_workerstart.probes.context import InstrumentedContext, warm_forkserver
 from pytest_workerstart.probes.deadline import StepTimeout, deadline, thread_stacks
 from pytest_workerstart.probes.faults import FaultPlan
 from pytest_workerstart.probes.leaks import LeakReport, LeakSnapshot
 
-#: Modules the forkserver imports once, so forked workers boot in milliseconds.
-#: Explicit names: the implicit ``__main__`` preload differs across Python
-#: versions (cpython#126631) and the suite must not depend on it.
-FORKSERVER_PRELOAD = ["torch", "torch.utils.data", "pytest_workerstart.fixtures.datasets",
-                      "pytest_workerstart.reference", "pytest_workerstart.probes.context"]
-
-_preloaded = False
-
-#: How long teardown may take before what is left counts as leaked. Stock torch
-#: needs ~16 s after a held worker error (a 5 s join per worker, then terminate).
+#: How long teardown after a *failure* may take before what is left counts as
+#: leaked. Stock torch needs ~16 s after a held worker error (a 5 s join per
+#: worker, then terminate). Ordinary endings get ``--workerstart-exit-timeout``.
 LEAK_PATIENCE_S = 20.0
-
-
-def warm_forkserver() -> None:
-    """Set the preload list before the forkserver first starts, then start it
-    (and the resource tracker) so their one-time fds precede any snapshot."""
-    global _preloaded
-    if _preloaded:
-        return
-    from multiprocessing import forkserver, resource_tracker
-
-    multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
-    forkserver.ensure_running()
-    resource_tracker.ensure_running()
-    _preloaded = True
 
 
 class HeldException:
@@ -61,14 +39,6 @@ class HeldException:
         gc.collect()
 
 
-def exception_chain(exc: BaseException | None):
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
 @dataclasses.dataclass
 class CheckEnv:
     context_name: str
@@ -78,8 +48,9 @@ class CheckEnv:
     #: num_workers -> seconds a step that waits on the loader may take (None: unbounded)
     step_timeout: Callable[[int], float | None] = lambda n: None
     _contexts: list = dataclasses.field(default_factory=list)
-    #: (step, exception) of the last error the loader raised inside a bounded step
-    last_step_error: tuple[str, BaseException] | None = None
+    #: (step, id, description) of the last error the loader raised inside a bounded
+    #: step; never the exception itself, whose traceback would keep the loader alive
+    last_step_error: tuple[str, int, str] | None = None
 
     # --- bounded steps -------------------------------------------------------
     def step(self, name: str, fn: Callable[[], Any], num_workers: int, ctx: InstrumentedContext | None):
@@ -97,7 +68,7 @@ class CheckEnv:
             with deadline(name, self.step_timeout(num_workers), on_expiry=stacks):
                 return fn()
         except StepTimeout as exc:
-            self.last_step_error = (name, exc)
+            self.last_step_error = (name, id(exc), "hang")
             if ctx is not None:
                 from pytest_workerstart.probes.reaper import sigchld_ignored
 
@@ -107,19 +78,18 @@ class CheckEnv:
         except StopIteration:
             raise
         except BaseException as exc:
-            self.last_step_error = (name, exc)
+            first = str(exc).splitlines()[0][:120] if str(exc) else ""
+            self.last_step_error = (name, id(exc), f"{type(exc).__name__}: {first}")
             raise
 
     def failure_signature(self, exc: BaseException) -> str | None:
         """How this check failed, if the loader itself failed inside a step ("hang at next() #1")."""
         if self.last_step_error is None:
             return None
-        step, err = self.last_step_error
-        if err is not exc:
+        step, ident, what = self.last_step_error
+        if ident != id(exc):  # the check failed for another reason
             return None
-        if isinstance(err, StepTimeout):
-            return f"hang at {step}"
-        return f"{type(err).__name__} at {step}: {str(err).splitlines()[0][:120] if str(err) else ''}"
+        return f"hang at {step}" if what == "hang" else f"{what.split(':', 1)[0]} at {step}: {what.split(': ', 1)[-1]}"
 
     # --- building ----------------------------------------------------------
     def context(self, num_workers: int, faults: FaultPlan | None = None, hold: float | None = None,
@@ -144,7 +114,7 @@ class CheckEnv:
         return BoundedLoader(built, self, num_workers, ctx)
 
     @property
-    def max_parallel(self) -> bool:
+    def parallel_start_here(self) -> bool:
         return self.loader.has("parallel_start", self.context_name)
 
     def snapshot(self) -> LeakSnapshot:
@@ -240,7 +210,14 @@ def batches_of(loader, limit: int | None = None) -> list:
 
 
 @pytest.fixture
-def ws(request, ws_context, ws_loader, ws_settings, ws_step_timeout):
+def check_env(request, ws_context, ws_loader, ws_settings, ws_step_timeout):
+    """The environment of one check; skips it (with the reason) if the loader lacks what it needs."""
+    from pytest_workerstart import protocol, registry
+
+    marker = request.node.get_closest_marker("workerstart_check")
+    gap = protocol.requirement_gap(ws_loader, registry.get(marker.args[0]), ws_context) if marker else None
+    if gap:
+        pytest.skip(gap)
     env = CheckEnv(ws_context, ws_loader, ws_settings, request, ws_step_timeout)
     yield env
     env.close()

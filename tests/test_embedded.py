@@ -1,0 +1,50 @@
+"""A project runs the suite from its own tests: a conftest fixture picks the loader, no flag."""
+
+from tests.conftest import Verdict
+
+
+def test_conftest_fixture_picks_the_loader(pytester):
+    pytester.makeconftest("""
+        import pytest
+        from torch.utils.data import DataLoader
+
+        @pytest.fixture(scope="session")
+        def workerstart_loader():
+            return (DataLoader, {"capabilities": {"persistent_workers": False}})
+    """)
+    pytester.makepyfile(test_ours="""
+        from pytest_workerstart.conformance import *  # noqa: F401,F403
+
+        def test_our_own():
+            pass
+    """)
+    out = pytester.path / "verdict.json"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--workerstart-context=forkserver",
+                                           f"--workerstart-json={out}", "-k",
+                                           "our_own or start.default_serial or persistent.reuse or respects_bound")
+    v = Verdict(out, result)
+    text = result.stdout.str()
+    assert result.ret == 0, text[-3000:]
+    assert v.data["loader"]["qualified_name"] == "torch.utils.data.dataloader.DataLoader"
+    assert v.outcomes("start.default_serial") == ["passed"]
+    # the fixture's declarations count: skipped with the capability named
+    assert v.outcomes("persistent.reuse") == ["skipped"] and "persistent_workers" in v.reasons("persistent.reuse")[0]
+    assert set(v.outcomes("start.respects_bound")) == {"skipped"}
+    assert all(c["nodeid"].startswith("test_ours.py::") for c in v.data["checks"]), v.data["checks"][:2]
+    result.assert_outcomes(passed=2, skipped=len(v.outcomes("start.respects_bound")) + 1)
+
+
+def test_fixture_factory_must_be_importable(pytester):
+    pytester.makeconftest("""
+        import pytest
+
+        @pytest.fixture(scope="session")
+        def workerstart_loader():
+            def make(dataset, **kwargs):
+                raise AssertionError("never called")
+            return make
+    """)
+    pytester.makepyfile(test_ours="from pytest_workerstart.conformance import test_default_serial  # noqa: F401\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--workerstart-context=forkserver")
+    assert "define the factory at module level of an importable module" in result.stdout.str() + result.stderr.str()
+    assert result.ret != 0
