@@ -1,4 +1,4 @@
-"""Scenarios that run in a fresh interpreter (see :mod:`.probes.scenario`).
+"""Scenarios that run in a fresh interpreter (see :mod:`.probes.runner`).
 
 Each ``scenario_*`` function runs in the child, rebuilds the loader from its
 SPEC, drives it, and returns plain JSON. The ``judge_*`` functions run in

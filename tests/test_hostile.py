@@ -76,3 +76,25 @@ def test_deadlines_and_circuit_breaker(run_suite):
     time.sleep(1.0)
     procs, shm = _leftovers(t0, shm_before)
     assert not procs and not shm, f"left behind: {procs} {shm}"
+
+
+def test_crash_mid_session_is_contained_under_xdist(run_suite, pytester):
+    """A loader that passes the preflight and crashes the driver later costs one check under -n 1."""
+    pytester.makepyfile(crashes_later="""
+        import os
+        from torch.utils.data import DataLoader
+
+        class CrashesWithThreeWorkers(DataLoader):
+            def __iter__(self):
+                if self.num_workers >= 3:
+                    os._exit(139)  # the process driving the loader dies
+                return super().__iter__()
+    """)
+    v = run_suite("--workerstart-loader=crashes_later:CrashesWithThreeWorkers", "--workerstart-context=forkserver",
+                  "--workerstart-profile=quick", "-k", "order.registration or persistent.reuse or transfer.shared_memory",
+                  "-p", "xdist", "-n", "1", timeout=LIMIT_S)
+    data = v.data
+    outcomes = {c["id"]: (c["outcome"], c["reason"]) for c in data["checks"]}
+    assert outcomes["order.registration"][0] == "error" and "crashed" in outcomes["order.registration"][1], outcomes
+    assert outcomes["persistent.reuse"][0] == outcomes["transfer.shared_memory"][0] == "passed", outcomes  # went on
+    assert data["complete"] is True, data["summary"]

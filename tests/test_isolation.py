@@ -63,7 +63,7 @@ def test_killed_pytest_leaves_nothing(tmp_path, sig, group):
                             start_new_session=True)
     try:
         # the scenario driver, its tracker and three spawn workers
-        seen = _watch_tree(proc, lambda live: sum("probes.scenario" in _cmd(p) for p in live) >= 1
+        seen = _watch_tree(proc, lambda live: sum("probes.runner" in _cmd(p) for p in live) >= 1
                            and sum("multiprocessing" in _cmd(p) for p in live) >= 4)
         time.sleep(1.0)
         for p in psutil.Process(proc.pid).children(recursive=True):
