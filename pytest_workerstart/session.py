@@ -1,9 +1,11 @@
 """What ``--workerstart`` adds to a pytest session.
 
-Resolves settings and the loader (usage errors exit 4 with one line), adds the
-suite to the collected paths, parametrizes every ``workerstart_check`` over the
-selected contexts, turns declared requirements into skips with reasons, applies
-the expected-failure file, and reports: header, per-check table, JSON verdict.
+Resolves the loader (usage errors exit 4 with one line), adds the suite to the
+collected paths, parametrizes every ``workerstart_check`` over the selected
+contexts (from the registry), applies the expected-failure file, runs the
+preflight, bounds each step (via ``check_env``), trips the circuit breaker, and
+reports: header, per-check table, coverage, the JSON verdict. What a check
+requires of the loader is judged when it starts (``checkenv.check_env``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ CHECK_TIMEOUT_S = 300
 STEP_FLOOR_S, STEP_BASE_S, STEP_BOOTS = 20.0, 10.0, 3.0
 #: Hard limit of the preflight scenario unless --workerstart-step-timeout is given.
 PREFLIGHT_TIMEOUT_S = 60.0
-ADAPTER_DOCS = "docs/adapter.md (https://pytest-workerstart.readthedocs.io/adapter/)"
+ADAPTER_DOCS = "docs/adapter.md"
 
 
 class WorkerstartSession:
@@ -42,7 +44,7 @@ class WorkerstartSession:
     def __init__(self, config: pytest.Config, loader: protocol.LoaderUnderTest, settings: Settings,
                  contexts: tuple[str, ...], embedded: bool = False):
         self.config = config
-        #: embedded: the checks were imported into a project's own tests (see plugin.embed)
+        #: embedded: the checks were imported into a project's own tests (plugin.pytest_pycollect_makeitem)
         self.embedded = embedded
         self._preflown: set[str] = set()
         self._from_fixture: tuple | None = None  # (what workerstart_loader returned, its LoaderUnderTest)
