@@ -22,14 +22,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "workerstart_check(check_id, **requirements): a conformance check with a stable id")
     config.addinivalue_line("markers", "workerstart_no_leaks: fail the test if it leaks processes, threads, fds, semaphores or shm")
-    if not config.getoption("workerstart"):
-        return
+    if config.getoption("workerstart"):
+        _start_session(config, embedded=False)
+
+
+def _start_session(config: pytest.Config, embedded: bool):
+    """Resolve the settings once and register the suite's session and check environment."""
     resolved = config.stash[_settings.SETTINGS] = _settings.resolve(config)
     from pytest_workerstart import checkenv
     from pytest_workerstart.session import WorkerstartSession
 
-    config.pluginmanager.register(WorkerstartSession.from_config(config, resolved), "workerstart-session")
+    session = WorkerstartSession.from_config(config, resolved, embedded=embedded)
+    config.pluginmanager.register(session, "workerstart-session")
     config.pluginmanager.register(checkenv, "workerstart-checkenv")
+    return session
 
 
 def pytest_pycollect_makeitem(collector, name: str, obj) -> None:
@@ -44,15 +50,10 @@ def pytest_pycollect_makeitem(collector, name: str, obj) -> None:
     config = collector.config
     if config.pluginmanager.has_plugin("workerstart-session"):
         return None
-    config.stash[_settings.SETTINGS] = resolved = _settings.resolve(config)
-    from pytest_workerstart import checkenv
     from pytest_workerstart.probes import reaper
-    from pytest_workerstart.session import WorkerstartSession
 
-    session = WorkerstartSession.from_config(config, resolved, embedded=True)
-    config.pluginmanager.register(session, "workerstart-session")
-    config.pluginmanager.register(checkenv, "workerstart-checkenv")
-    reaper.start_guard(verdict=session._json)
+    session = _start_session(config, embedded=True)
+    reaper.start_guard(verdict=session._json)  # pytest_sessionstart has already run
     return None
 
 

@@ -368,9 +368,6 @@ class WorkerstartSession:
         if counts["passed"] == 0:
             tr.write_line("workerstart: WARNING: no check passed; this verdict covers nothing", red=True)
 
-    def summary(self) -> dict[str, int]:
-        return self.verdict.summary()
-
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Start the guard that cleans up if pytest itself is killed."""
         from pytest_workerstart.probes import reaper

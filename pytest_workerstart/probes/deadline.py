@@ -89,7 +89,7 @@ def thread_stacks() -> str:
     return "\n".join(out)
 
 
-def measure_boot_cost(context: str = "spawn", timeout: float = 120.0) -> float:
+def measure_boot_cost(timeout: float = 120.0) -> float:
     """Seconds a fresh interpreter needs to import torch's DataLoader (one worker's boot)."""
     import subprocess
     import sys
