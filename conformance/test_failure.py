@@ -108,7 +108,8 @@ def test_retry_after_failure(check_env, failure, tmp_path):
 
 
 def _scenario(check_env, name, **kw):
-    res = scenarios.run(check_env.loader, check_env.context_name, name, timeout=kw.pop("hard_timeout", 90), **kw)
+    res = scenarios.run(check_env.loader, check_env.context_name, name, timeout=kw.pop("hard_timeout", 90),
+                        memory_limit=check_env.memory_limit, **kw)
     if res.status != "ok":
         pytest.fail(res.details(), pytrace=False)
     return res.value

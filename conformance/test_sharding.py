@@ -42,7 +42,7 @@ def test_exactly_once_over_ranks(check_env, ranks, tmp_path):
     fail_rank = 1 if ranks == "distributed_failing_rank" else None
     n = 24
     res = scenarios.run(check_env.loader, check_env.context_name, "pytest_workerstart.distributed:scenario_distributed",
-                        timeout=4 * PG_TIMEOUT + 120,
+                        timeout=4 * PG_TIMEOUT + 120, memory_limit=check_env.memory_limit,
                         world_size=WORLD, num_workers=2, parallelism=2 if check_env.parallel_start_here else None, n=n,
                         fail_rank=fail_rank, pg_timeout=PG_TIMEOUT, outdir=str(tmp_path))
     if res.status != "ok":

@@ -10,6 +10,10 @@ pair by pair:
 * ``p1``: N workers, serial start,
 * ``pN``: N workers, parallelism N.
 
+Each item carries the pid of the worker that computed it
+(:class:`~pytest_workerstart.probes.timing.WorkerTagged`), so the time until
+every worker has delivered a batch is measured from the test's side.
+
 All comparisons are ratios of medians measured side by side in this run; the
 startup threshold is derived from the measured boot cost and the usable cores
 (:func:`~pytest_workerstart.probes.timing.derived_startup_threshold`), unless
@@ -36,7 +40,10 @@ check = pytest.mark.workerstart_check
 N = 4
 TRIALS = 3
 PER_CLASS = 200  # 2,000 images
-STEADY_MIN = 0.95
+# Steady state: the median ratio may fall short of 1 by the noise band measured in
+# this run (the larger relative p10-p90 spread of the two configurations),
+# clamped so that the check neither flakes on a quiet machine nor stops biting.
+STEADY_BAND = (0.06, 0.12)
 STEADY_BATCHES = 120  # steady state: batches 2N+1..120 ("warm": every worker has delivered twice)
 MEMORY_MAX = 1.10
 _CACHE: dict[tuple, dict] = {}
@@ -52,7 +59,8 @@ def _measure(check_env) -> dict:
         root, _ = make_dataset(per_class=PER_CLASS)
         base = {"loader": check_env.loader.payload(), "dataset": "pytest_workerstart.bench.eurosat:EuroSATLike",
                 "dataset_kwargs": {"root": str(root)}, "context": check_env.context_name, "max_batches": STEADY_BATCHES,
-                "loader_kwargs": {"batch_size": 32, "shuffle": True, "prefetch_factor": 2}, "generator_seed": 0}
+                "loader_kwargs": {"batch_size": 32, "shuffle": True, "prefetch_factor": 2}, "generator_seed": 0,
+                "tag_workers": True}
         configs = {
             "w1": {**base, "loader_kwargs": {**base["loader_kwargs"], "num_workers": 1}, "parallelism": None,
                    "max_batches": 2},
@@ -84,21 +92,37 @@ def _median(values) -> float:
     return statistics.median(v for v in values if v is not None)
 
 
-@check("speed.startup")
-def test_startup(check_env):
-    m = _measure(check_env)
-    ttfb = {k: m[k]["time_to_first_batch_s"] for k in ("w1", "p1", "pN")}
-    derived = derived_startup_threshold(_median(ttfb["w1"]), _median(ttfb["p1"]), N, usable_cores())
+def _startup_ratio(check_env, m, metric: str, what: str) -> str | None:
+    """``what`` with p=N must beat p=1 by the threshold; the failure text, or None."""
+    w1 = _median(m["w1"]["time_to_first_batch_s"])
+    serial, parallel = m["p1"][metric], m["pN"][metric]
+    if any(v is None for v in parallel):
+        return (f"{what}: with p={N} not every worker delivered a batch within {STEADY_BATCHES} batches "
+                f"(workers seen per trial: {m['pN']['workers_delivered']})")
+    derived = derived_startup_threshold(w1, _median(serial), N, usable_cores())
     threshold = check_env.settings.min_speedup or derived["threshold"]
-    cmp = paired_ratio(ttfb["p1"], ttfb["pN"])
+    cmp = paired_ratio(serial, parallel)
     speedup, paired = cmp["ratio_of_medians"], cmp["median_pair_ratio"]
+    if speedup >= threshold:
+        return None
     source = "--workerstart-min-speedup" if check_env.settings.min_speedup else (
         f"derived: boot {derived['boot_s']:.2f} s/worker, fixed {derived['fixed_s']:.2f} s, "
         f"{derived['cores']} usable cores, ideal {derived['ideal_speedup']:.2f}x, half the gain")
-    assert speedup >= threshold, (
-        f"time to first batch with p={N} is only {speedup:.2f}x faster than p=1 (paired median {paired:.2f}x), "
-        f"below {threshold:.2f}x ({source}); medians p=1 {_median(ttfb['p1']):.2f} s, p={N} "
-        f"{_median(ttfb['pN']):.2f} s, 1 worker {_median(ttfb['w1']):.2f} s; {TRIALS} trials each")
+    return (f"{what} with p={N} is only {speedup:.2f}x faster than p=1 (paired median {paired:.2f}x), "
+            f"below {threshold:.2f}x ({source}); medians p=1 {_median(serial):.2f} s, p={N} "
+            f"{_median(parallel):.2f} s, 1 worker's first batch {w1:.2f} s; {TRIALS} trials each")
+
+
+@check("speed.startup")
+def test_startup(check_env):
+    """Both the first batch and the moment every worker has delivered must come
+    sooner: a loader that returns from iter() at once and boots its workers one
+    by one in the background wins the first but not the second."""
+    m = _measure(check_env)
+    problems = [p for p in (_startup_ratio(check_env, m, "time_to_first_batch_s", "time to first batch"),
+                            _startup_ratio(check_env, m, "time_to_all_workers_s",
+                                           "time until every worker has delivered a batch")) if p]
+    assert not problems, "\n".join(problems)
 
 
 @check("speed.steady_state")
@@ -106,23 +130,28 @@ def test_steady_state(check_env):
     m = _measure(check_env)
     # Warm window: a loader that defers starts still boots workers during the
     # first batches, which serial start did before its first batch.
-    # One-sided, noise-aware: identical code varies by up to ~8 % between
-    # configurations on a 2-core VM (0.944x seen for the reference), so the
-    # check fails when even p=N's upper decile is below the bar.
     a, b = m["p1"]["warm_samples_per_s"], m["pN"]["warm_samples_per_s"]
     ratio = paired_ratio(b, a)["ratio_of_medians"]
-    upper = summarize(b)["p90"] / _median(a)
-    assert upper >= STEADY_MIN, (
-        f"steady-state samples/s with p={N} is {ratio:.3f}x that of p=1 (p90 {upper:.3f}x < {STEADY_MIN}): "
-        f"p=1 {summarize(a)}, p={N} {summarize(b)}")
+    sa, sb = summarize(a), summarize(b)
+    spread = max((s["p90"] - s["p10"]) / s["median"] for s in (sa, sb))
+    band = min(max(spread, STEADY_BAND[0]), STEADY_BAND[1])
+    assert ratio >= 1 - band, (
+        f"steady-state samples/s with p={N} is {ratio:.3f}x that of p=1, below 1 - {band:.3f} "
+        f"(noise band: trial spread {spread:.3f} in this run, clamped to {STEADY_BAND}): p=1 {sa}, p={N} {sb}")
 
 
 @check("speed.memory")
 def test_memory(check_env):
+    """Memory of the whole process tree, workers included: its PSS increase after
+    the start, and its peak during it (boots included; the sum of every
+    process's own peak resident set, the kernel's exact VmHWM)."""
     m = _measure(check_env)
-    a, b = m["p1"]["pss_increase_mb"], m["pN"]["pss_increase_mb"]
-    ratio = paired_ratio(b, a)["ratio_of_medians"]
-    assert ratio <= MEMORY_MAX, (
-        f"process-tree PSS increase with p={N} is {ratio:.3f}x that of p=1 (> {MEMORY_MAX}): "
-        f"p=1 {_median(a):.0f} MiB, p={N} {_median(b):.0f} MiB")
-
+    problems = []
+    for metric, what in (("pss_increase_mb", "PSS increase after the start"),
+                         ("peak_rss_increase_mb", "peak resident memory increase during the start")):
+        a, b = m["p1"][metric], m["pN"][metric]
+        ratio = paired_ratio(b, a)["ratio_of_medians"]
+        if ratio > MEMORY_MAX:
+            problems.append(f"process-tree {what} with p={N} is {ratio:.3f}x that of p=1 (> {MEMORY_MAX}): "
+                            f"p=1 {_median(a):.0f} MiB, p={N} {_median(b):.0f} MiB")
+    assert not problems, "\n".join(problems)

@@ -7,8 +7,9 @@ p-bounded loader shows exactly min(p, N) starts at once and a serial one 1.
 
 import pytest
 
-from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+from pytest_workerstart import protocol
 from pytest_workerstart.checkenv import batches_of
+from pytest_workerstart.fixtures.datasets import WorkerTagDataset
 
 check = pytest.mark.workerstart_check
 N = 4
@@ -21,6 +22,10 @@ def test_parameter_validation(check_env, bad):
     kwarg = check_env.loader.parallelism_kwarg
     with pytest.raises((ValueError, TypeError)) as excinfo:
         check_env.make(WorkerTagDataset(8), num_workers=2, **{kwarg: bad})
+    # torch's "unexpected keyword argument 'X'" names X too, but validates nothing
+    assert not protocol.forwarded_keyword(str(excinfo.value), kwarg), (
+        f"the loader does not take {kwarg!r}: it passed it on and a callee refused it ({excinfo.value!r}); "
+        "a value must be validated by the loader that consumes it")
     assert kwarg in str(excinfo.value), f"the error must name {kwarg!r}: {excinfo.value!r}"
 
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import pytest
 
 from pytest_workerstart.probes.context import InstrumentedContext, warm_forkserver
-from pytest_workerstart.probes.deadline import StepTimeout, deadline, thread_stacks
+from pytest_workerstart.probes.deadline import StepAborted, deadline, memory_limit_bytes, thread_stacks, tree_rss_over
 from pytest_workerstart.probes.faults import FaultPlan
 from pytest_workerstart.probes.leaks import LeakReport, LeakSnapshot
 
@@ -65,10 +65,10 @@ class CheckEnv:
             return "\n".join(p for p in (thread_stacks(), workers) if p)
 
         try:
-            with deadline(name, self.step_timeout(num_workers), on_expiry=stacks):
+            with deadline(name, self.step_timeout(num_workers), on_expiry=stacks, guard=self.memory_guard()):
                 return fn()
-        except StepTimeout as exc:
-            self.last_step_error = (name, id(exc), "hang")
+        except StepAborted as exc:
+            self.last_step_error = (name, id(exc), exc.kind)
             if ctx is not None:
                 from pytest_workerstart.probes.reaper import sigchld_ignored
 
@@ -82,6 +82,14 @@ class CheckEnv:
             self.last_step_error = (name, id(exc), f"{type(exc).__name__}: {first}")
             raise
 
+    @property
+    def memory_limit(self) -> int:
+        """Bytes of resident memory the loader's tree may reach (in-process steps and scenarios)."""
+        return memory_limit_bytes(self.settings.memory_limit)
+
+    def memory_guard(self) -> Callable[[], str | None]:
+        return tree_rss_over(self.memory_limit)
+
     def failure_signature(self, exc: BaseException) -> str | None:
         """How this check failed, if the loader itself failed inside a step ("hang at next() #1")."""
         if self.last_step_error is None:
@@ -89,7 +97,9 @@ class CheckEnv:
         step, ident, what = self.last_step_error
         if ident != id(exc):  # the check failed for another reason
             return None
-        return f"hang at {step}" if what == "hang" else f"{what.split(':', 1)[0]} at {step}: {what.split(': ', 1)[-1]}"
+        if what in ("hang", "memory"):
+            return f"{what} at {step}"
+        return f"{what.split(':', 1)[0]} at {step}: {what.split(': ', 1)[-1]}"
 
     # --- building ----------------------------------------------------------
     def context(self, num_workers: int, faults: FaultPlan | None = None, hold: float | None = None,

@@ -18,7 +18,9 @@ import dataclasses
 import importlib
 import inspect
 import multiprocessing
+import os
 import re
+import sys
 from typing import Any, Callable, Mapping
 
 from pytest_workerstart.settings import KNOWN_CONTEXTS
@@ -78,8 +80,19 @@ class LoaderUnderTest:
             kwargs[self.parallelism_kwarg] = parallelism
         return self.factory(dataset, **kwargs)
 
+    @property
+    def subclasses_torch(self) -> bool:
+        """A class derived from (not equal to) torch's DataLoader: it inherits torch's behaviour."""
+        from torch.utils.data import DataLoader
+
+        return isinstance(self.factory, type) and issubclass(self.factory, DataLoader) and self.factory is not DataLoader
+
     def describe(self) -> dict[str, Any]:
-        return {"spec": self.spec, "qualified_name": self.qualname, "version": self.version}
+        """The loader as the verdict records it: what was tested, with which keyword and declarations."""
+        return {"spec": self.spec, "qualified_name": self.qualname, "version": self.version,
+                "package": (self.qualname.split(".")[0] if "." in self.qualname else None),
+                "parallelism_kwarg": self.parallelism_kwarg,
+                "capabilities": {k: list(v) if isinstance(v, tuple) else v for k, v in self.capabilities.items()}}
 
     def payload(self) -> dict[str, Any]:
         """What a fresh interpreter needs to rebuild this loader (JSON); see :func:`from_payload`."""
@@ -92,6 +105,24 @@ def from_payload(payload: Mapping[str, Any]) -> "LoaderUnderTest":
     return resolve(payload["spec"], payload.get("kwarg"), payload.get("caps"))
 
 
+def _import_module(name: str) -> Any:
+    """Import ``name``; an adapter module in the current directory is found too.
+
+    ``python -m pytest`` puts the current directory on ``sys.path``, the
+    ``pytest`` script does not: a SPEC naming ``./myadapter.py`` should not
+    depend on which of the two the user typed."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        top = name.split(".")[0]
+        cwd = os.getcwd()
+        here = os.path.isfile(os.path.join(cwd, f"{top}.py")) or os.path.isdir(os.path.join(cwd, top))
+        if exc.name != top or not here or cwd in sys.path or "" in sys.path:
+            raise
+        sys.path.insert(0, cwd)  # scenario processes inherit it (scenarios.child_env)
+        return importlib.import_module(name)
+
+
 def _import_attr(spec: str) -> Any:
     if not _SPEC_RE.match(spec):
         raise SpecError(
@@ -100,7 +131,7 @@ def _import_attr(spec: str) -> Any:
         )
     module_name, attr_path = spec.split(":", 1)
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = _import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
             raise SpecError(f"loader SPEC {spec!r}: no module named {exc.name!r}") from None
@@ -285,6 +316,12 @@ def resolve(
         kwarg_not_found=kwarg is None and parallelism_kwarg is None and not known
         and getattr(factory, "__workerstart_parallelism_kwarg__", None) is None,
     )
+
+
+def forwarded_keyword(error_text: str, kwarg: str | None) -> bool:
+    """Whether an error says ``kwarg`` was not taken: the loader forwarded it to a
+    callee (torch's ``DataLoader.__init__``) that does not know it."""
+    return bool(kwarg) and re.search(rf"unexpected keyword argument '{re.escape(kwarg)}'", error_text) is not None
 
 
 def requirement_gap(loader: LoaderUnderTest, check, context: str | None) -> str | None:

@@ -452,7 +452,7 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
             self._build(ctx, launches)
             procs.extend(w for _, w in launches)
             if parallelism > 1:
-                self._pending = _Launcher(procs, parallelism)
+                self._pending = self._launcher(procs, parallelism)
                 self._launches = launches  # for _settle's cleanup if a deferred start fails
                 self._pending.begin()
             else:
@@ -467,6 +467,9 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         self._register(launches)
 
     # Seams (one method per decision; the broken loaders in fixtures/ override one each).
+    def _launcher(self, procs: list, parallelism: int) -> _Launcher:
+        return _Launcher(procs, parallelism)
+
     def _cleanup_failed_start(self, launches: list) -> None:
         _stop_launches(launches, self._workers_done_event)
 

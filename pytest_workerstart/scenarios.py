@@ -25,12 +25,14 @@ def child_env() -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
 
 
-def run(loader, context: str, name: str, *, timeout: float, **kwargs) -> ScenarioResult:
+def run(loader, context: str, name: str, *, timeout: float, memory_limit: int | None = None,
+        **kwargs) -> ScenarioResult:
     """Run ``scenario_<name>`` of this module (or ``name`` = "module:function") for
-    ``loader`` (a LoaderUnderTest) in ``context``."""
+    ``loader`` (a LoaderUnderTest) in ``context``, bounded by ``timeout`` seconds
+    and ``memory_limit`` bytes of resident memory (the runner's default if None)."""
     target = name if ":" in name else f"{__name__}:scenario_{name}"
     return run_scenario(target, {"loader": loader.payload(), "context": context, **kwargs},
-                        timeout=timeout, env=child_env())
+                        timeout=timeout, env=child_env(), memory_limit=memory_limit)
 
 
 def rebuild(loader: dict, context: str):
@@ -67,14 +69,22 @@ def scenario_preflight(loader: dict, context: str, num_workers: int, parallelism
     return {"boot_s": boot}
 
 
-def preflight_problem(res: ScenarioResult, timeout: float) -> str | None:
+def preflight_problem(res: ScenarioResult, timeout: float, kwarg: str | None = None) -> str | None:
     """One line saying why the preflight failed, or None."""
+    from pytest_workerstart.protocol import forwarded_keyword
+
     if res.status == "ok":
         return None
+    if res.status == "error" and forwarded_keyword(res.error, kwarg):
+        return (f"it does not take the parallelism keyword {kwarg!r} but passes it on "
+                f"({res.error.splitlines()[0][:300]}); give the keyword it consumes with "
+                "--workerstart-parallelism-kwarg=NAME, or none")
     if res.status == "error":
         return f"building it and fetching one batch raised {res.error.splitlines()[0][:400]}"
     if res.status == "hang":
         return f"it hung: no first batch within {timeout:.0f} s (building it, iter() or next())"
+    if res.status == "memory":
+        return f"it ran away with memory while building it or fetching one batch: {res.error}"
     code = res.returncode
     how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
     return f"the process driving it {how} while building it or fetching one batch (a crash of the driver)"

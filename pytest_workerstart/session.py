@@ -51,7 +51,10 @@ class WorkerstartSession:
         self.loader = loader
         self.settings = settings
         self.contexts = contexts
-        self.verdict = Verdict(loader.describe(), self._settings_record())
+        from pytest_workerstart import baseline
+
+        self.baseline = baseline.load(settings.baseline) if settings.baseline else None
+        self.verdict = Verdict(loader.describe(), self._settings_record(), self.baseline)
         self._matched_xfails: set[tuple[str, str | None]] = set()
         self._started = time.monotonic()
         self.boot_cost: float | None = None  # seconds; measured by the preflight (or lazily)
@@ -71,6 +74,9 @@ class WorkerstartSession:
             loader = protocol.resolve(settings.loader, settings.parallelism_kwarg, overrides)
         except protocol.SpecError as exc:
             raise pytest.UsageError(str(exc)) from None
+        # The verdict is the output: tracebacks only when asked for (-v or --tb=...).
+        if not embedded and config.option.tbstyle == "auto" and config.option.verbose <= 0:
+            config.option.tbstyle = "no"
         # torch warns when num_workers exceeds the cores; the suite does that on purpose.
         config.addinivalue_line("filterwarnings", "ignore:This DataLoader will create:UserWarning")
         self = cls(config, loader, settings, contexts, embedded)
@@ -154,8 +160,10 @@ class WorkerstartSession:
             # the loader may come from a conftest fixture, known only then.
             if spec.serial_only and os.environ.get("PYTEST_XDIST_WORKER"):
                 item.add_marker(pytest.mark.skip(reason="speed checks run serially, never under xdist"))
-            for key in ((check_id, ctx), (check_id, None)):
-                if key in self.settings.xfails:
+            case = item.callspec.id.removeprefix(f"{check_id}-") if hasattr(item, "callspec") else None
+            # the most specific entry wins: id[context-case], then id[context], then id
+            for key in ((check_id, case), (check_id, ctx), (check_id, None)):
+                if key[1] != "none" and key in self.settings.xfails:
                     self._matched_xfails.add(key)
                     item.add_marker(pytest.mark.xfail(reason=self.settings.xfails[key], strict=True))
                     break
@@ -249,8 +257,11 @@ class WorkerstartSession:
         ctx = self.contexts[0]
         p = 2 if loader.has("parallel_start", ctx) else None
         timeout = self.settings.step_timeout or PREFLIGHT_TIMEOUT_S
-        res = scenarios.run(loader, ctx, "preflight", timeout=timeout, num_workers=2, parallelism=p)
-        problem = scenarios.preflight_problem(res, timeout)
+        from pytest_workerstart.probes.deadline import memory_limit_bytes
+
+        res = scenarios.run(loader, ctx, "preflight", timeout=timeout, num_workers=2, parallelism=p,
+                            memory_limit=memory_limit_bytes(self.settings.memory_limit))
+        problem = scenarios.preflight_problem(res, timeout, loader.parallelism_kwarg if p else None)
         if problem is None:
             self.boot_cost = res.value["boot_s"]
             return
@@ -341,6 +352,18 @@ class WorkerstartSession:
         for check_id in sorted(table):
             cells = [cell(table[check_id].get(c, [])).ljust(12) for c in contexts]
             tr.write_line(check_id.ljust(width) + "".join(cells))
+        failures = [r for r in records if r.state == "finished" and r.outcome in ("failed", "error")]
+        if failures:
+            tr.write_line("")
+            for r in sorted(failures, key=lambda r: r.nodeid):
+                case = r.nodeid.partition(f"[{r.id}-")[2].rstrip("]") or r.context or ""
+                base = ""
+                if self.baseline is not None:
+                    base = (f" [{self.baseline.loader.get('spec', 'baseline')}: {r.baseline_outcome}]"
+                            if r.baseline_outcome else " [not in the baseline]")
+                tr.write_line(f"{r.outcome.upper()} {r.id}[{case}]{base}: {r.reason}"[:1000], red=True)
+            if config.option.tbstyle == "no":
+                tr.write_line("(tracebacks: -v or --tb=short)")
         counts = self.verdict.summary()
         tr.write_line("")
         tr.write_line("workerstart: " + ", ".join(f"{counts[o]} {o}" for o in OUTCOMES)
@@ -365,8 +388,22 @@ class WorkerstartSession:
             tr.write_line(f"workerstart: no parallelism keyword found for {self.loader.spec}: parallel start was never "
                           f"exercised; name it with --workerstart-parallelism-kwarg=NAME "
                           f"(or --workerstart-parallelism-kwarg=none to silence this)", yellow=True)
+        self._baseline_summary(tr, records, failures)
         if counts["passed"] == 0:
             tr.write_line("workerstart: WARNING: no check passed; this verdict covers nothing", red=True)
+
+    def _baseline_summary(self, tr, records, failures) -> None:
+        if self.baseline is not None:
+            cmp = self.baseline.compare(records)
+            tr.write_line(f"workerstart: against {self.baseline.describe()}: {len(cmp['same'])} failure(s) the "
+                          f"baseline shares, {len(cmp['new'])} new in this loader"
+                          + (f", {len(cmp['unknown'])} the baseline did not run" if cmp["unknown"] else "")
+                          + (f"; {len(cmp['fixed'])} case(s) the baseline fails pass here" if cmp["fixed"] else ""))
+            for key in cmp["new"]:
+                tr.write_line(f"  new in this loader: {key}", red=True)
+        elif failures and self.loader.subclasses_torch:
+            tr.write_line(f"workerstart: hint: {self.loader.qualname} subclasses torch's DataLoader; "
+                          "--workerstart-baseline=torch shows which of these failures torch has too", yellow=True)
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Start the guard that cleans up if pytest itself is killed."""

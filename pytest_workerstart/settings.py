@@ -26,7 +26,9 @@ import pytest
 
 KNOWN_CONTEXTS = ("spawn", "forkserver", "fork")
 PROFILES = ("quick", "full")
-_XFAIL_LINE = re.compile(r"^(?P<id>[a-z_]+\.[a-z_]+)(\[(?P<ctx>[a-z]+)\])?\s*:\s*(?P<reason>.*)$")
+#: ``check.id``, ``check.id[context]`` or ``check.id[context-case]`` (the node id's
+#: parameters after the check id, e.g. ``failure.parent_start_error[spawn-middle]``).
+_XFAIL_LINE = re.compile(r"^(?P<id>[a-z_]+\.[a-z_]+)(\[(?P<ctx>[a-z]+(-[\w.-]+)?)\])?\s*:\s*(?P<reason>.*)$")
 
 
 def _usage(where: str, msg: str) -> pytest.UsageError:
@@ -114,8 +116,18 @@ def _json_path(value: str, where: str) -> Path:
     return p
 
 
+def _baseline(value: str, where: str) -> str:
+    from pytest_workerstart import baseline
+
+    try:
+        baseline.load(value)
+    except baseline.BaselineError as exc:
+        raise _usage(where, f"expected {' or '.join(baseline.SHIPPED)} or a verdict file: {exc}") from None
+    return value
+
+
 def _xfail_file(value: str, where: str) -> tuple[tuple[str, str | None, str], ...]:
-    """``check.id[context]: reason`` lines -> ((id, context or None, reason), ...)."""
+    """``check.id[context-case]: reason`` lines -> ((id, "context-case", "context" or None, reason), ...)."""
     p = Path(value).expanduser()
     if not p.is_file():
         raise _usage(where, f"no such file {value!r}")
@@ -126,7 +138,7 @@ def _xfail_file(value: str, where: str) -> tuple[tuple[str, str | None, str], ..
             continue
         m = _XFAIL_LINE.match(line)
         if not m:
-            raise _usage(where, f"{value}:{lineno}: expected 'check.id[context]: reason', got {raw.strip()!r}")
+            raise _usage(where, f"{value}:{lineno}: expected 'check.id[context-case]: reason' (context and case optional), got {raw.strip()!r}")
         if not m["reason"].strip():
             raise _usage(where, f"{value}:{lineno}: expected failure of {m['id']} needs a reason")
         entries[(m["id"], m["ctx"])] = m["reason"].strip()
@@ -194,13 +206,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("step_timeout", _positive_float, None, metavar="S",
            help="deadline of each step that waits on the loader (iter(), a batch) in in-process checks "
                 "(default: derived from the boot cost measured at session start)"),
+    Option("memory_limit", _positive_float, None, metavar="GIB",
+           help="resident memory (GiB, summed over the driver and its workers) a step that waits on the loader "
+                "may reach before it is stopped and the check fails (default: half of this machine's memory)"),
     Option("circuit_breaker", _count, 3, metavar="N",
            help="after N checks in a row fail the same way (a hang, the same error at the same step), "
                 "report the rest as not run (0: never)"),
     Option("preflight", _bool, True, metavar="BOOL",
            help="first build the loader and fetch one batch in a fresh interpreter; stop with one line if that fails"),
     Option("xfail", _xfail_file, (), metavar="FILE",
-           help="file of expected failures: one 'check.id[context]: reason' per line"),
+           help="file of expected failures: one 'check.id[context-case]: reason' per line (context, case optional)"),
+    Option("baseline", _baseline, None, metavar="VERDICT",
+           help="show beside each case what a baseline got: 'torch' (the torch verdict shipped with the package) "
+                "or a verdict file; the summary separates failures the baseline shares from new ones"),
     Option("json", _json_path, None, metavar="PATH", in_verdict=False,
            help="write a machine-readable verdict to PATH (rewritten as each check finishes)"),
 )
@@ -221,9 +239,11 @@ class Settings:
     driver_death_timeout: float
     exit_timeout: float
     step_timeout: float | None
+    memory_limit: float | None
     circuit_breaker: int
     preflight: bool
     xfail: tuple[tuple[str, str | None, str], ...]
+    baseline: str | None
     json: Path | None
     #: option field -> where its value came from ("--workerstart-x", "$WORKERSTART_X", "ini", "default")
     sources: tuple[tuple[str, str], ...] = ()

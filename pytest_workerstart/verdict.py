@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 #: Version of the verdict format (``verdict.schema.json``); bumped on any change.
-VERSION = "0.2"
+VERSION = "0.3"
 SCHEMA_PATH = Path(__file__).with_name("verdict.schema.json")
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "error")
 STATES = ("finished", "running", "not_run")
@@ -50,6 +50,8 @@ class CheckRecord:
     outcome: str | None = None
     reason: str = ""
     duration_s: float = 0.0
+    #: what the baseline verdict (``--workerstart-baseline``) got for this case, if one was given
+    baseline_outcome: str | None = None
 
     def apply(self, report: pytest.TestReport) -> None:
         """Fold one phase report (setup, call, teardown) into the record."""
@@ -103,17 +105,31 @@ def cell(outcomes: list[str], empty: str = "") -> str:
 
 
 def one_line(report: pytest.TestReport) -> str:
+    """The first line of a failure; for an error re-raised from a worker (torch's
+    "Caught X in DataLoader worker process N." + "Original Traceback"), with the
+    worker's own exception appended, which is what the loader's author needs."""
     crash = getattr(report.longrepr, "reprcrash", None)
-    text = crash.message if crash is not None else str(report.longrepr)
-    return text.strip().splitlines()[0][:500] if text.strip() else "failed"
+    text = (crash.message if crash is not None else str(report.longrepr)).strip()
+    if not text:
+        return "failed"
+    lines = text.splitlines()
+    first = lines[0][:500]
+    if "Original Traceback" in text:
+        original = [ln.strip() for ln in text.split("Original Traceback", 1)[1].splitlines() if ln.strip()]
+        cause = next((ln for ln in reversed(original) if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", ln)),
+                     original[-1] if original else "")
+        if cause and cause not in first:
+            first = f"{first} (in the worker: {cause[:300]})"
+    return first
 
 
 class Verdict:
     """The records of one run plus what is needed to write the file."""
 
-    def __init__(self, loader: dict[str, Any], settings: dict[str, Any]):
+    def __init__(self, loader: dict[str, Any], settings: dict[str, Any], baseline: Any = None):
         self.loader = loader
         self.settings = settings
+        self.baseline = baseline  # baseline.Baseline or None
         self.records: dict[str, CheckRecord] = {}
         self.deselected: list[dict[str, Any]] = []
         self.not_run_reason = ""
@@ -124,6 +140,8 @@ class Verdict:
         rec = self.records.get(nodeid)
         if rec is None:
             rec = self.records[nodeid] = CheckRecord(nodeid, check_id, context)
+            if self.baseline is not None:
+                rec.baseline_outcome = self.baseline.outcome(nodeid, check_id)
         return rec
 
     def deselect(self, nodeid: str, check_id: str, context: str | None) -> None:
@@ -180,8 +198,13 @@ class Verdict:
             "machine": machine_description(),
             "settings": {**self.settings, "contexts_run": self.contexts_run()},
             "checks": checks,
+            "selected_ids": sorted({r.id for r in self.records.values()}),
             "deselected": self.deselected,
+            "deselected_ids": sorted({d["id"] for d in self.deselected} - {r.id for r in self.records.values()}),
             "coverage": self.coverage,
+            "baseline": None if self.baseline is None else {
+                "source": self.baseline.source, "loader": self.baseline.loader, "torch": self.baseline.torch,
+                "profile": self.baseline.profile, **self.baseline.compare(self.records.values())},
             "summary": counts,
             "duration_s": round(duration_s, 3),
         }

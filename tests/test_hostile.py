@@ -98,3 +98,23 @@ def test_crash_mid_session_is_contained_under_xdist(run_suite, pytester):
     assert outcomes["order.registration"][0] == "error" and "crashed" in outcomes["order.registration"][1], outcomes
     assert outcomes["persistent.reuse"][0] == outcomes["transfer.shared_memory"][0] == "passed", outcomes  # went on
     assert data["complete"] is True, data["summary"]
+
+
+def test_memory_guard_stops_a_runaway_loader(run_suite):
+    """A loader that allocates without bound is stopped at the limit, at the
+    preflight (exit 4) and inside a check (failed, with the numbers), not the machine."""
+    t0, shm_before = time.time(), _shm()
+    spec = f"--workerstart-loader={MODULE}:EatsMemoryAtFirstBatch"
+    v = run_suite(spec, "--workerstart-context=forkserver", "--workerstart-memory-limit=3", "-k", "default_serial",
+                  timeout=LIMIT_S)
+    out = v.result.stdout.str()
+    assert v.result.ret == 4, out[-3000:]
+    line = next(ln for ln in out.splitlines() if "workerstart: preflight:" in ln)
+    assert "ran away with memory" in line and "over the 3.0 GiB limit" in line, line
+    v = run_suite(spec, "--workerstart-context=forkserver", "--workerstart-memory-limit=3", "-k", "default_serial",
+                  "--workerstart-preflight=false", timeout=LIMIT_S)
+    (reason,) = v.reasons("start.default_serial")
+    assert v.outcomes("start.default_serial") == ["failed"]
+    assert "over the 3.0 GiB limit (--workerstart-memory-limit)" in reason, reason
+    assert time.time() - t0 < LIMIT_S
+    assert _leftovers(t0, shm_before) == ([], [])

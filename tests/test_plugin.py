@@ -183,6 +183,13 @@ def test_expected_failures_file(pytester, run_suite):
     assert "order.nonexistent" in v.result.stdout.str() and "matches no collected check" in v.result.stdout.str()
     xf.write_text("start.default_serial:\n")
     assert "needs a reason" in _usage_error(pytester, f"--workerstart-xfail={xf}")
+    # one case of a parametrized check, the others untouched (full profile: three positions)
+    xf.write_text("failure.parent_start_error[forkserver-middle]: known for the middle worker only\n")
+    v = run_suite(*FAST, "-k", "test_parent_start_error", "--workerstart-loader=serialloader:make",
+                  "--workerstart-profile=full", f"--workerstart-xfail={xf}", "--workerstart-preflight=false",
+                  "--workerstart-circuit-breaker=0")
+    by_case = {c["nodeid"].rsplit("-", 1)[-1].rstrip("]"): c["outcome"] for c in v.data["checks"]}
+    assert by_case == {"first": "failed", "middle": "xfailed", "last": "failed"}, by_case
 
 
 def test_capability_declared_on_the_command_line(run_suite):
@@ -264,3 +271,79 @@ def test_quick_profile_runs_parallel_clauses_where_parallel_start_is_declared(py
     out = result.stdout.str()
     assert "order.registration-spawn" in out and "order.registration-forkserver" not in out, out[-2000:]
     assert "start.default_serial-forkserver" in out  # a serial clause keeps the quick default
+
+
+def test_a_forwarded_parallelism_keyword_is_not_taken_for_validation(pytester, run_suite):
+    """A loader taking **kwargs accepts any keyword name and hands it to torch, whose
+    "unexpected keyword argument 'foo'" names foo: neither the preflight nor
+    start.parameter_validation may take that for the loader's own validation."""
+    pytester.makepyfile(forwards="""
+        from torch.utils.data import DataLoader
+
+        class Loader(DataLoader):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+    """)
+    args = (*FAST, "-k", "start.parameter_validation", "--workerstart-loader=forwards:Loader",
+            "--workerstart-parallelism-kwarg=foo")
+    v = run_suite(*args)
+    assert v.result.ret == 4
+    assert "does not take the parallelism keyword 'foo' but passes it on" in v.result.stdout.str()
+    v = run_suite(*args, "--workerstart-preflight=false")
+    assert set(v.outcomes("start.parameter_validation")) == {"failed"}
+    assert any("it passed it on and a callee refused it" in r for r in v.reasons("start.parameter_validation"))
+
+
+def test_adapter_module_in_the_current_directory_under_the_pytest_script(tmp_path):
+    """`pytest` (unlike `python -m pytest`) does not put the current directory on
+    sys.path; an adapter SPEC naming ./myadapter.py must still resolve."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "myadapter.py").write_text("from torch.utils.data import DataLoader as Loader\n")
+    script = os.path.join(os.path.dirname(sys.executable), "pytest")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([script, "--workerstart", "--workerstart-loader=myadapter:Loader", "--collect-only", "-q",
+                             "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True, text=True, env=env,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "tests collected" in result.stdout
+
+
+def test_baseline_separates_inherited_failures_from_new_ones(pytester, run_suite):
+    """--workerstart-baseline=FILE: each failed case says what the baseline got; the
+    summary counts shared and new failures; a torch subclass without it gets a hint."""
+    import json
+
+    base = pytester.path / "baseline.json"
+    checks = [{"nodeid": "elsewhere/test_digest.py::test_torch_parity[digest.torch_parity-forkserver-map_shuffled]",
+               "id": "digest.torch_parity", "context": "forkserver", "state": "finished", "outcome": "failed"},
+              {"nodeid": "elsewhere/test_order.py::test_registration[order.registration-forkserver]",
+               "id": "order.registration", "context": "forkserver", "state": "finished", "outcome": "passed"}]
+    base.write_text(json.dumps({"loader": {"spec": "torch", "version": "2.14.1"}, "machine": {"torch": "2.14.1"},
+                                "settings": {"profile": "full"}, "checks": checks}))
+    spec = "--workerstart-loader=pytest_workerstart.fixtures.broken.on_torch:IgnoresShuffle"
+    sel = ("-k", "order.registration or torch_parity and map_shuffled")
+    v = run_suite(*FAST, spec, *sel, f"--workerstart-baseline={base}")
+    out = v.result.stdout.str()
+    assert v.data["baseline"]["same"] == ["digest.torch_parity[forkserver-map_shuffled]"], v.data["baseline"]
+    assert v.data["baseline"]["new"] == ["order.registration[forkserver]"]
+    assert "1 failure(s) the baseline shares, 1 new in this loader" in out, out[-2000:]
+    assert "new in this loader: order.registration[forkserver]" in out
+    assert "FAILED order.registration[forkserver] [torch: passed]:" in out
+    assert {c["id"]: c["baseline_outcome"] for c in v.data["checks"]} == {
+        "digest.torch_parity": "failed", "order.registration": "passed"}
+    hinted = run_suite(*FAST, spec, *sel)
+    assert "--workerstart-baseline=torch shows which of these failures torch has too" in hinted.result.stdout.str()
+    assert hinted.data["baseline"] is None
+    assert "no such verdict file" in _usage_error(pytester, f"--workerstart-baseline={pytester.path}/x.json")
+
+
+def test_shipped_torch_baseline_is_a_full_verdict_of_the_pinned_torch():
+    from pytest_workerstart import baseline
+
+    shipped = baseline.load("torch")
+    assert shipped.loader["spec"] == "torch" and shipped.profile == "full"
+    assert shipped.torch and shipped.torch.startswith("2.14.1")
+    assert len(shipped.outcomes) > 50

@@ -138,7 +138,7 @@ def test_a_crashed_pytest_leaves_the_last_consistent_verdict(pytester):
 
 def test_verdict_of_a_plain_run_validates(run_suite):
     v = run_suite(*FAST, "-k", "start.default_serial", "--workerstart-loader=torch")
-    assert isinstance(v, Verdict) and v.data["version"] == "0.2" and v.data["plugin_version"]
+    assert isinstance(v, Verdict) and v.data["version"] == "0.3" and v.data["plugin_version"]
 
 
 def test_every_option_is_documented():
@@ -160,3 +160,20 @@ def test_help_lists_every_option(pytester):
     out = pytester.runpytest_subprocess("--help").stdout.str()
     for opt in OPTIONS:
         assert opt.flag in out, opt.flag
+
+
+def test_a_reason_keeps_the_workers_original_exception():
+    """torch re-raises a worker's error as "Caught X in DataLoader worker process N.";
+    the reason must carry the original type and message, not just that line."""
+    import types
+
+    from pytest_workerstart.verdict import one_line
+
+    message = ("TypeError: Caught TypeError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+               '  File "worker.py", line 349, in _worker_loop\n    data = fetcher.fetch(index)\n'
+               "TypeError: 'NoneType' object is not subscriptable\n")
+    report = types.SimpleNamespace(longrepr=types.SimpleNamespace(reprcrash=types.SimpleNamespace(message=message)))
+    assert one_line(report) == ("TypeError: Caught TypeError in DataLoader worker process 0. "
+                                "(in the worker: TypeError: 'NoneType' object is not subscriptable)")
+    plain = types.SimpleNamespace(longrepr=types.SimpleNamespace(reprcrash=types.SimpleNamespace(message="boom\nmore")))
+    assert one_line(plain) == "boom"

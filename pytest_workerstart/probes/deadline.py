@@ -7,6 +7,10 @@ loader is still stuck) and then interrupts the main thread with ``SIGUSR2``,
 whose handler raises :class:`StepTimeout` there. The loader's own cleanup
 (``except``/``finally`` blocks) runs as the exception unwinds.
 
+The same watchdog guards memory: ``guard()`` is called every ``GUARD_EVERY_S``
+and a message it returns (a runaway loader's resident memory) stops the step
+the same way, with :class:`StepAborted` naming what was exceeded.
+
 A signal, not pytest-timeout's SIGALRM: the two must not share a timer, and
 pytest-timeout stays the outer, last-resort limit of the whole check. Only
 the main thread can be interrupted this way; elsewhere the block runs
@@ -24,45 +28,109 @@ from typing import Callable, Iterator
 import pytest
 
 SIGNAL = signal.SIGUSR2
+GUARD_EVERY_S = 0.5
 
 
-class StepTimeout(pytest.fail.Exception):
+class StepAborted(pytest.fail.Exception):
+    """A step that waits on the loader was stopped by its watchdog."""
+
+    kind = "aborted"
+
+    def __init__(self, step: str, message: str, details: str = ""):
+        self.step = step
+        super().__init__(message + (f"\n{details}" if details else ""), pytrace=False)
+
+
+class StepTimeout(StepAborted):
     """A step that waits on the loader did not finish within its deadline."""
 
+    kind = "hang"
+
     def __init__(self, step: str, seconds: float, details: str = ""):
-        self.step = step
         self.seconds = seconds
-        msg = f"the loader hung: {step} did not return within {seconds:.0f} s"
-        super().__init__(msg + (f"\n{details}" if details else ""), pytrace=False)
+        super().__init__(step, f"the loader hung: {step} did not return within {seconds:.0f} s", details)
+
+
+class MemoryExceeded(StepAborted):
+    kind = "memory"
+
+
+def memory_limit_bytes(gib: float | None) -> int:
+    """``--workerstart-memory-limit`` in bytes; by default half of this machine's memory."""
+    import psutil
+
+    return int(gib * 2**30) if gib is not None else psutil.virtual_memory().total // 2
+
+
+def tree_rss_over(limit_bytes: int, root: int | None = None) -> Callable[[], str | None]:
+    """A guard: the resident memory of ``root`` (default: this process) and its
+    descendants, described when above ``limit_bytes``, else None."""
+    import psutil
+
+    top = psutil.Process(root)
+
+    def guard() -> str | None:
+        total, biggest = 0, []
+        try:
+            tree = [top, *top.children(recursive=True)]
+        except psutil.Error:
+            return None
+        for p in tree:
+            try:
+                rss = p.memory_info().rss
+            except psutil.Error:
+                continue
+            total += rss
+            biggest.append((rss, p.pid))
+        if total <= limit_bytes:
+            return None
+        largest = ", ".join(f"pid {pid} {rss / 2**30:.1f} GiB" for rss, pid in sorted(biggest, reverse=True)[:3])
+        return (f"resident memory of the driver and its workers reached {total / 2**30:.1f} GiB, over the "
+                f"{limit_bytes / 2**30:.1f} GiB limit (--workerstart-memory-limit); largest: {largest}")
+
+    return guard
 
 
 @contextlib.contextmanager
-def deadline(step: str, seconds: float | None, on_expiry: Callable[[], str] | None = None) -> Iterator[None]:
-    if seconds is None or threading.current_thread() is not threading.main_thread():
+def deadline(step: str, seconds: float | None, on_expiry: Callable[[], str] | None = None,
+             guard: Callable[[], str | None] | None = None) -> Iterator[None]:
+    if (seconds is None and guard is None) or threading.current_thread() is not threading.main_thread():
         yield
         return
     details: list[str] = []
-    fired = threading.Event()
+    abort: list[StepAborted] = []
     done = threading.Event()
     main = threading.main_thread().ident
 
     def handler(signum, frame):
-        if fired.is_set() and not done.is_set():
+        if abort and not done.is_set():
             done.set()
-            raise StepTimeout(step, seconds, "".join(details))
+            raise abort[0]
 
-    def watch():
-        if done.wait(seconds):
-            return
+    def stop(make: Callable[[str], StepAborted]) -> None:
         if on_expiry is not None:
             try:
                 details.append(on_expiry())
             except Exception as exc:  # noqa: BLE001 - diagnostics must not mask the hang
                 details.append(f"(could not gather stacks: {exc!r})")
-        fired.set()
+        abort.append(make("".join(details)))
         while not done.is_set():  # a handler can be delayed by C code; keep knocking
             signal.pthread_kill(main, SIGNAL)
             done.wait(1.0)
+
+    def watch():
+        end = None if seconds is None else time.monotonic() + seconds
+        while True:
+            wait = GUARD_EVERY_S if guard is not None else end - time.monotonic()
+            if end is not None:
+                wait = min(wait, end - time.monotonic())
+            if done.wait(max(wait, 0)):
+                return
+            message = guard() if guard is not None else None
+            if message:
+                return stop(lambda d: MemoryExceeded(step, f"{step}: {message}", d))
+            if end is not None and time.monotonic() >= end:
+                return stop(lambda d: StepTimeout(step, seconds, d))
 
     old = signal.signal(SIGNAL, handler)
     watcher = threading.Thread(target=watch, name="workerstart-deadline", daemon=True)

@@ -30,7 +30,7 @@ from pytest_workerstart.probes import reaper
 
 @dataclasses.dataclass
 class ScenarioResult:
-    status: str  # ok | error | hang | crash
+    status: str  # ok | error | hang | memory | crash
     value: Any = None
     error: str | None = None
     traceback: str | None = None
@@ -47,6 +47,8 @@ class ScenarioResult:
             return f"scenario raised {self.error}"
         if self.status == "hang":
             return f"hang: no result within {self.duration_s:.0f} s (killed; stacks of every thread attached)"
+        if self.status == "memory":
+            return f"memory: {self.error} (killed after {self.duration_s:.0f} s; stacks attached)"
         return f"crash: scenario process exited with {self.returncode} and no result"
 
     def details(self) -> str:
@@ -79,26 +81,40 @@ def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None 
 
 
 def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 120.0,
-                 env: dict[str, str] | None = None, dump_grace: float = 2.0) -> ScenarioResult:
+                 env: dict[str, str] | None = None, dump_grace: float = 2.0,
+                 memory_limit: int | None = None) -> ScenarioResult:
+    """Run ``target(**kwargs)`` in a fresh interpreter; kill it and its tree after
+    ``timeout`` s (status ``hang``, with stacks) or once their resident memory
+    passes ``memory_limit`` bytes (default: half of this machine's; status ``memory``)."""
+    from pytest_workerstart.probes.deadline import GUARD_EVERY_S, memory_limit_bytes, tree_rss_over
+
     workdir = Path(tempfile.mkdtemp(prefix="workerstart-scenario-"))
     result_path = workdir / "result.json"
     err_path = workdir / "stderr.txt"
     start = time.monotonic()
     proc = launch(workdir, target, kwargs or {}, env)
     leader_ctime = reaper.register_session(proc.pid)
+    guard = tree_rss_over(memory_limit or memory_limit_bytes(None), root=proc.pid)
     stacks = None
-    try:
-        proc.wait(timeout=timeout)
-        status = None
-    except subprocess.TimeoutExpired:
-        status = "hang"
+    status = memory = None
+    while status is None:
+        try:
+            proc.wait(timeout=min(GUARD_EVERY_S, max(timeout - (time.monotonic() - start), 0)))
+            break
+        except subprocess.TimeoutExpired:
+            memory = guard()
+            if memory:
+                status = "memory"
+            elif time.monotonic() - start >= timeout:
+                status = "hang"
+    if status is not None:
         try:
             proc.send_signal(signal.SIGUSR1)
             proc.wait(timeout=dump_grace)
         except (subprocess.TimeoutExpired, ProcessLookupError):
             pass
     duration = time.monotonic() - start
-    if status == "hang":
+    if status in ("hang", "memory"):
         stacks = err_path.read_text(errors="replace")[-20000:]
     leftovers = reaper.kill_session(proc.pid, leader_ctime=leader_ctime)
     try:
@@ -119,6 +135,8 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
         for f in workdir.iterdir():
             f.unlink()
         workdir.rmdir()
+    if memory:
+        res.error = memory
     res.returncode = proc.returncode
     res.duration_s = duration
     res.stderr = stderr

@@ -1,16 +1,19 @@
 """Startup timing in fresh processes, with alternated trials and robust statistics.
 
 One trial = one fresh interpreter (``run_scenario``) that builds the loader and
-measures constructor time, iterator creation, time to first batch, steady-state
-samples/s over batches 2..n, and the process tree's PSS increase. PSS is
-sampled outside the timed region (once after the first batch, once after the
-last), so it never slows the throughput measurement. Configurations alternate
-pair by pair (A B, B A, A B, ...) so drift hits both sides equally.
+measures constructor time, iterator creation, time to first batch, time until
+every worker has delivered a batch, steady-state samples/s over batches 2..n,
+and the process tree's memory: its PSS increase after the first and the last
+batch (sampled outside the timed region), and its peak during the start, boots
+included: the sum over every process of the tree of its own peak resident set
+(:func:`tree_hwm`, read after the first batch, at batch 2N+1 and at the end). Configurations
+alternate pair by pair (A B, B A, A B, ...) so drift hits both sides equally.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import time
 from typing import Any, Callable, Sequence
@@ -20,7 +23,11 @@ from pytest_workerstart.probes.runner import run_scenario
 
 
 def tree_pss() -> int:
-    """PSS of this process and all its descendants, in bytes (Linux)."""
+    """PSS of this process and all its descendants, in bytes (Linux).
+
+    A process that exits while it is read no longer counts; one whose memory
+    cannot be read (permissions, no PSS on this kernel) is an error, never a
+    silent zero."""
     import psutil
 
     me = psutil.Process()
@@ -28,18 +35,71 @@ def tree_pss() -> int:
     for p in [me, *me.children(recursive=True)]:
         try:
             total += p.memory_full_info().pss
-        except (psutil.Error, AttributeError):
+        except psutil.NoSuchProcess:  # exited (zombies included): nothing left to count
             continue
+        except (psutil.AccessDenied, AttributeError) as exc:
+            raise RuntimeError(f"cannot read the PSS of pid {p.pid} ({type(exc).__name__}): "
+                               "the memory measurement would be incomplete") from exc
     return total
+
+
+def tree_hwm() -> dict[int, int]:
+    """Each process's peak resident set so far (the kernel's ``VmHWM``), in bytes,
+    for this process and all its descendants: exact and cheap, unlike sampling
+    PSS (a page-table walk per read, ~50 ms per 800 MB worker here, that the
+    parallel side pays on a saturated CPU and that misses short peaks)."""
+    import psutil
+
+    me = psutil.Process()
+    out = {}
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            with open(f"/proc/{p.pid}/status") as f:
+                line = next((ln for ln in f if ln.startswith("VmHWM:")), None)
+        except FileNotFoundError:  # exited meanwhile
+            continue
+        except OSError as exc:
+            raise RuntimeError(f"cannot read the peak memory of pid {p.pid} ({exc}): "
+                               "the memory measurement would be incomplete") from exc
+        if line is not None:  # a zombie has no memory lines
+            out[p.pid] = int(line.split()[1]) * 1024
+    return out
+
+
+class WorkerTagged:
+    """``dataset``'s items with the pid of the process that computed them appended,
+    so the driver sees which worker delivered each batch (the test's own truth,
+    not the loader's)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        return (*self.dataset[i], os.getpid())
+
+
+def _untag(batch):
+    return batch[:-1]
+
+
+def _pids(batch) -> set[int]:
+    return set(batch[-1].tolist())
 
 
 def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict, context: str,
           parallelism: int | None, max_batches: int, preload: Sequence[str] = (),
-          generator_seed: int | None = None) -> dict[str, Any]:
+          generator_seed: int | None = None, tag_workers: bool = False) -> dict[str, Any]:
     """One measurement; runs inside the fresh interpreter.
 
     ``generator_seed`` gives the loader ``generator=torch.Generator().manual_seed(seed)``
     (shuffle order and worker seeds), so every trial sees the same first batch.
+    ``tag_workers`` (a map-style dataset of tuples) wraps it in :class:`WorkerTagged`
+    and measures ``time_to_all_workers_s``: from the end of the constructor until
+    every one of ``num_workers`` pids has delivered a batch (``None`` if some never
+    did within ``max_batches``). The first-batch digest leaves the tag out.
     """
     import importlib
     import multiprocessing
@@ -55,12 +115,25 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
         forkserver.ensure_running()  # the server's boot is not part of the loader's start
     mod, _, attr = dataset.partition(":")
     ds = getattr(importlib.import_module(mod), attr)(**dataset_kwargs)
+    if tag_workers:
+        ds = WorkerTagged(ds)
+    want = int(loader_kwargs.get("num_workers", 0) or 0) or 1
+    # "warm": batches after every worker has delivered twice (from batch 2N+1),
+    # i.e. once workers that start after the first batch are all up.
+    warm_from = 2 * int(loader_kwargs.get("num_workers", 0) or 0) + 1
     if generator_seed is not None:
         import torch
 
         loader_kwargs = {**loader_kwargs, "generator": torch.Generator().manual_seed(generator_seed)}
     gc.collect()
     pss0 = tree_pss()
+    hwm0 = sum(tree_hwm().values())
+    peaks: dict[int, int] = {}
+
+    def note_peaks() -> None:
+        for pid, hwm in tree_hwm().items():
+            peaks[pid] = max(peaks.get(pid, 0), hwm)
+
     t0 = time.perf_counter()
     dl = under_test.make(ds, multiprocessing_context=context, parallelism=parallelism, **loader_kwargs)
     t1 = time.perf_counter()
@@ -68,10 +141,15 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
     t2 = time.perf_counter()
     first = next(it)
     t3 = time.perf_counter()
+    seen = _pids(first) if tag_workers else set()
+    all_workers = t3 - t1 if len(seen) >= want else None
+    if tag_workers:
+        first = _untag(first)
     digest = batch_digest(first)
     size = _batch_len(first)
     del first
     pss1 = tree_pss()
+    note_peaks()
     n = 0
     samples = 0
     arrivals = []  # (batch number, samples so far, time) for batches 2..max
@@ -79,15 +157,20 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
     for batch in it:
         n += 1
         samples += _batch_len(batch)
-        arrivals.append((n + 1, samples, time.perf_counter()))
+        now = time.perf_counter()
+        arrivals.append((n + 1, samples, now))
+        if tag_workers and all_workers is None:
+            seen |= _pids(batch)
+            if len(seen) >= want:
+                all_workers = now - t1 - (t4 - t3)  # without the PSS sampling pause
+        if n + 1 == warm_from:
+            note_peaks()  # a few /proc reads, before the throughput window begins
         if n + 1 >= max_batches:
             break
     t5 = time.perf_counter()
     pss2 = tree_pss()
+    note_peaks()
     del it, dl
-    # "warm": batches after every worker has delivered twice (from batch 2N+1),
-    # i.e. once workers that start after the first batch are all up.
-    warm_from = 2 * int(loader_kwargs.get("num_workers", 0) or 0) + 1
     warm = [a for a in arrivals if a[0] >= warm_from]
     warm_rate = None
     if len(warm) >= 3:
@@ -98,7 +181,10 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
         "warm_samples_per_s": warm_rate, "warm_from_batch": warm_from,
         # first batch to last, without the PSS sampling pause in between
         "time_to_last_batch_s": (t5 - t1) - (t4 - t3),
-        "pss_increase_mb": (max(pss1, pss2) - pss0) / 2**20, "first_batch_digest": digest, "batch_size": size,
+        "time_to_all_workers_s": all_workers, "workers_delivered": len(seen) if tag_workers else None,
+        "pss_increase_mb": (max(pss1, pss2) - pss0) / 2**20,
+        "peak_rss_increase_mb": (sum(peaks.values()) - hwm0) / 2**20,
+        "first_batch_digest": digest, "batch_size": size,
     }
 
 
