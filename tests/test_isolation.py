@@ -72,8 +72,10 @@ def test_killed_pytest_leaves_nothing(tmp_path, sig, group):
             os.killpg(proc.pid, getattr(signal, sig))
         else:
             proc.send_signal(getattr(signal, sig))
+        workdirs = {os.path.dirname(c.split()[-1]) for c in map(_cmd, seen.values()) if "probes.runner" in c}
         out, _ = proc.communicate(timeout=120)
         _, alive = psutil.wait_procs(list(seen.values()), timeout=15)
+        left = sorted(d for d in workdirs if os.path.exists(d))
         survivors = [(p.pid, _cmd(p)[:120]) for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     finally:
         if proc.poll() is None:
@@ -86,6 +88,8 @@ def test_killed_pytest_leaves_nothing(tmp_path, sig, group):
             pass
     assert len(seen) >= 3, f"expected a scenario tree, saw {[(_cmd(p)[:80]) for p in seen.values()]}"
     assert not survivors, f"alive 15 s after {sig} of pytest: {survivors}\n{out[-2000:]}"
+    # the scenario's private directory (its TMPDIR: forkserver sockets, event logs) goes too
+    assert workdirs and not left, f"left in the temp directory after {sig} of pytest: {left or 'no workdir seen'}"
 
 
 def test_neighbour_semaphores_are_not_ours(run_suite, tmp_path):

@@ -27,6 +27,7 @@ import atexit
 import contextlib
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +38,7 @@ import psutil
 
 TRACKER_MARKER = "multiprocessing.resource_tracker"
 GUARD_MARKER = "pytest_workerstart.probes.reaper"
+RUNNER_MARKER = "pytest_workerstart.probes.runner"
 
 _lock = threading.Lock()
 _sessions: dict[int, float | None] = {}  # sid -> leader create time
@@ -256,6 +258,7 @@ def _guard_main(pid: int, ctime: float, verdict: str | None = None, interval: fl
         pidfd = None
     known: dict[tuple[int, float], psutil.Process] = {}
     sessions: dict[int, float] = {}
+    workdirs: set[str] = set()
     while True:
         try:
             for p in watched.children(recursive=True):
@@ -266,6 +269,7 @@ def _guard_main(pid: int, ctime: float, verdict: str | None = None, interval: fl
                     known[key] = p
                     if os.getsid(p.pid) == p.pid:  # a scenario session's leader
                         sessions[p.pid] = key[1]
+                        workdirs.update(scenario_workdir(p))
         except (psutil.Error, OSError):
             pass
         if not watched.is_running():
@@ -279,9 +283,23 @@ def _guard_main(pid: int, ctime: float, verdict: str | None = None, interval: fl
     for sid, leader in sessions.items():
         victims += [p for p in session_members(sid, leader) if p not in victims]
     kill_trackers_last(victims)
+    for d in workdirs:
+        shutil.rmtree(d, ignore_errors=True)
     if verdict:
         record_death(verdict)
     return 0
+
+
+def scenario_workdir(p: psutil.Process) -> set[str]:
+    """The private directory of a scenario leader (``probes.runner DIR/request.json``)."""
+    try:
+        cmd = p.cmdline()
+    except psutil.Error:
+        return set()
+    if RUNNER_MARKER not in cmd or not cmd[-1].endswith("request.json"):
+        return set()
+    d = os.path.dirname(cmd[-1])
+    return {d} if os.path.basename(d).startswith("workerstart-scenario-") else set()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import dataclasses
 import importlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,15 +69,21 @@ def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None 
     """Start ``target(**kwargs)`` in a fresh interpreter in a new session (the one child launcher).
 
     The request goes to ``workdir/request.json``, the result (if any) to
-    ``workdir/result.json``, stdout and stderr to ``workdir/stderr.txt``.
+    ``workdir/result.json``, stdout and stderr to ``workdir/stderr.txt``, and
+    ``TMPDIR`` is ``workdir/tmp``.
     """
     request = workdir / "request.json"
     request.write_text(json.dumps({"target": target, "kwargs": kwargs, "result": str(workdir / "result.json")}))
+    # Everything the scenario's tree puts in the temp directory (multiprocessing's
+    # pymp-* with forkserver sockets, event logs) lives in workdir and goes with it,
+    # also when the tree is killed before its own cleanup runs.
+    tmp = workdir / "tmp"
+    tmp.mkdir(exist_ok=True)
     with open(workdir / "stderr.txt", "wb") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "pytest_workerstart.probes.runner", str(request)],
             stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **(env or {}), "TMPDIR": str(tmp)},
         )
 
 
@@ -97,16 +104,22 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     guard = tree_rss_over(memory_limit or memory_limit_bytes(None), root=proc.pid)
     stacks = None
     status = memory = None
-    while status is None:
-        try:
-            proc.wait(timeout=min(GUARD_EVERY_S, max(timeout - (time.monotonic() - start), 0)))
-            break
-        except subprocess.TimeoutExpired:
-            memory = guard()
-            if memory:
-                status = "memory"
-            elif time.monotonic() - start >= timeout:
-                status = "hang"
+    try:
+        while status is None:
+            try:
+                proc.wait(timeout=min(GUARD_EVERY_S, max(timeout - (time.monotonic() - start), 0)))
+                break
+            except subprocess.TimeoutExpired:
+                memory = guard()
+                if memory:
+                    status = "memory"
+                elif time.monotonic() - start >= timeout:
+                    status = "hang"
+    except BaseException:  # Ctrl-C (or pytest-timeout) while waiting: take the scenario down with us
+        reaper.kill_session(proc.pid, leader_ctime=leader_ctime)
+        reaper.unregister_session(proc.pid)
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
     if status is not None:
         try:
             proc.send_signal(signal.SIGUSR1)
@@ -132,9 +145,7 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
         else:
             res = ScenarioResult(status=status or "crash", stacks=stacks)
     finally:
-        for f in workdir.iterdir():
-            f.unlink()
-        workdir.rmdir()
+        shutil.rmtree(workdir, ignore_errors=True)
     if memory:
         res.error = memory
     res.returncode = proc.returncode
