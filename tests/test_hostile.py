@@ -18,15 +18,30 @@ def _shm() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if SHM_PATTERN.match(n)}
 
 
+#: Set for every suite run of this module: a leftover is a process that inherited
+#: it, never another job's process that merely looks alike.
+TAG = "WORKERSTART_SELFTEST_RUN"
+
+
+@pytest.fixture(autouse=True)
+def _tagged(monkeypatch):
+    monkeypatch.setenv(TAG, f"{os.getpid()}-{time.monotonic_ns()}")
+
+
 def _leftovers(t0: float, shm_before: set[str]):
-    """Processes of the run (started after t0, not ours) and /dev/shm entries nobody maps any more."""
+    """Processes of this module's runs (tagged, not ours) and /dev/shm entries nobody maps any more."""
+    tag = os.environ[TAG]
     ours = {p.pid for p in psutil.Process().children(recursive=True)} | {os.getpid()}
     procs = []
     for p in psutil.process_iter(["pid", "create_time", "cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if p.info["pid"] not in ours and p.info["create_time"] >= t0 and (
-                "multiprocessing" in cmd or "pytest_workerstart" in cmd):
-            procs.append(f"pid {p.pid} {cmd[:120]}")
+        if p.info["pid"] in ours or p.info["create_time"] < t0:
+            continue
+        try:
+            if p.environ().get(TAG) != tag:
+                continue
+        except psutil.Error:
+            continue
+        procs.append(f"pid {p.pid} {' '.join(p.info['cmdline'] or [])[:120]}")
     new = _shm() - shm_before
     live = attributed_shm(p.pid for p in psutil.process_iter()) if new else set()
     return procs, sorted(new - live)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -141,6 +142,4 @@ def run_driver_death(target: str, kwargs: dict, *, exit_mode: str, bound: float 
                 os.unlink(f"/dev/shm/{name}")
             except OSError:
                 pass
-        for f in workdir.iterdir():
-            f.unlink()
-        workdir.rmdir()
+        shutil.rmtree(workdir, ignore_errors=True)  # its TMPDIR (probes.runner.launch) included

@@ -299,7 +299,7 @@ def scenario_workdir(p: psutil.Process) -> set[str]:
     if RUNNER_MARKER not in cmd or not cmd[-1].endswith("request.json"):
         return set()
     d = os.path.dirname(cmd[-1])
-    return {d} if os.path.basename(d).startswith("workerstart-scenario-") else set()
+    return {d} if os.path.basename(d).startswith(("workerstart-scenario-", "workerstart-driver-")) else set()
 
 
 if __name__ == "__main__":
