@@ -34,3 +34,11 @@ def test_headline_verdicts_still_hold(run_suite, loader, check, expected):
     v = run_suite(f"--workerstart-loader={loader}", "--workerstart-context=forkserver",
                   "--workerstart-profile=quick", "-k", check)
     assert expected in v.outcomes(check), (v.outcomes(check), v.reasons(check))
+
+
+def test_shipped_torch_baseline_is_the_published_torch_verdict():
+    """--workerstart-baseline=torch compares against exactly what docs/results publishes."""
+    from pytest_workerstart import baseline
+
+    assert baseline.path_of("torch").read_bytes() == (RESULTS / "torch.json").read_bytes(), (
+        "copy docs/results/torch.json to pytest_workerstart/baselines/torch.json")
