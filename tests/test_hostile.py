@@ -76,7 +76,8 @@ def test_deadlines_and_circuit_breaker(run_suite):
     fails at its deadline with stacks; after 3 in a row the rest are reported not run."""
     t0, shm_before = time.time(), _shm()
     v = run_suite(f"--workerstart-loader={MODULE}:HangsWithThreeWorkers", "--workerstart-profile=quick",
-                  "--workerstart-context=forkserver", "--workerstart-step-timeout=15", timeout=LIMIT_S)
+                  "--workerstart-context=forkserver", "--workerstart-step-timeout=15", "--tb=short",
+                  timeout=LIMIT_S)  # the stacks are in the tracebacks, shown only when asked for
     took = time.time() - t0
     out = v.result.stdout.str()
     data = v.data
