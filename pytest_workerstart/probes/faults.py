@@ -61,7 +61,7 @@ class FaultPlan:
 
     @classmethod
     def interrupt(cls, worker: int) -> "FaultPlan":
-        """SIGINT to the driver as ``worker`` begins to start."""
+        """SIGINT to the driver's main thread as ``worker`` begins to start."""
         return cls((Fault("interrupt", worker),))
 
     # --- child side (during boot, before the worker loop) ------------------
@@ -124,8 +124,12 @@ def apply_parent_fault(fault: Fault) -> None:
     if fault.kind == "start_delay":
         time.sleep(fault.value)
     elif fault.kind == "interrupt":
-        # Delivered to the process; Python raises KeyboardInterrupt in the main thread.
-        os.kill(os.getpid(), signal.SIGINT)
+        # To the main thread, as a terminal's Ctrl-C reaches it. Not os.kill(getpid()):
+        # Linux hands a process-directed signal to the sending thread when it can, so
+        # from a start thread the main thread, blocked in a wait, was not interrupted
+        # and could miss the KeyboardInterrupt entirely (seen under load: "expected
+        # KeyboardInterrupt, got nothing").
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         if threading.current_thread() is threading.main_thread():
             time.sleep(0.5)  # let the handler run here, as it would mid-start
 
