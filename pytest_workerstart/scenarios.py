@@ -176,9 +176,16 @@ def scenario_interrupt(loader: dict, context: str, worker: int, num_workers: int
     holder: list = []
     try:
         next(iter(dl))
-        time.sleep(1.0)  # a KeyboardInterrupt may still be on its way
+        # The first batch can come before worker ``worker``'s start even began (worker 0
+        # is enough for it; under load a start thread may not have run yet): wait for
+        # the start that sends the SIGINT, then give the KeyboardInterrupt time to land.
+        deadline = time.monotonic() + 60
+        while not _start_began(ctx, worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
     except BaseException as exc:  # noqa: BLE001
         holder.append(exc)
+    began = _start_began(ctx, worker)
     raised = [f"{type(e).__name__}" for e in holder]
     detail = "".join(__import__("traceback").format_exception(holder[0]))[-3000:] if holder else ""
     live = LeakSnapshot.wait_clean(before, timeout=10, kinds=("processes", "threads"))
@@ -188,12 +195,19 @@ def scenario_interrupt(loader: dict, context: str, worker: int, num_workers: int
     gc.collect()
     after = LeakSnapshot.wait_clean(before, timeout=15)
     ctx.close()
-    return {"raised": raised, "detail": detail, "live_while_held": live.format() if live else "",
+    return {"raised": raised, "began": began, "detail": detail, "live_while_held": live.format() if live else "",
             "held_only": while_held.only(("fds", "shm")).summary() if while_held else "",
             "leaks": after.format() if after else "", "leak_summary": after.summary()}
 
 
+def _start_began(ctx, worker: int) -> bool:
+    return any(r.worker == worker and r.start_begin is not None for r in ctx.records())
+
+
 def judge_interrupt(out: dict, strict: bool = False) -> None:
+    if not out["raised"] and not out.get("began", True):
+        pytest.fail("the start of the worker that sends the SIGINT never began within 60 s of the first batch: "
+                    "the interrupt could not be exercised", pytrace=False)
     assert out["raised"] == ["KeyboardInterrupt"], (
         f"expected KeyboardInterrupt, got {out['raised'] or 'nothing'}\n{out.get('detail', '')}")
     assert not out["live_while_held"], f"while the KeyboardInterrupt is held:\n{out['live_while_held']}"
