@@ -131,3 +131,17 @@ def test_xdist_gives_the_plain_verdict(run_suite):
     dist = run_suite(*FAST, "-k", K, "-p", "xdist", "-n", "2")
     assert dist.data["complete"], dist.result.stdout.str()[-3000:]
     assert _verdict_map(dist) == _verdict_map(plain), dist.result.stdout.str()[-3000:]
+
+
+def test_interrupt_check_holds_when_sigint_is_inherited_ignored(run_suite):
+    """A background job of a script (and nohup, some CI runners) starts with SIGINT
+    ignored, and Python keeps it so: the Ctrl-C check must still see its
+    KeyboardInterrupt (it got "nothing" there before the scenario reset the handler)."""
+    import signal
+
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        v = run_suite(*FAST, "-k", "interrupt_during_start")
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert v.outcomes("failure.interrupt_during_start") == ["passed"], v.reasons("failure.interrupt_during_start")

@@ -159,6 +159,10 @@ def _child_main(request_path: str) -> int:
     import faulthandler
 
     faulthandler.register(signal.SIGUSR1, all_threads=True, file=sys.stderr)
+    # A scenario models an interactive driver: Ctrl-C raises KeyboardInterrupt even when
+    # this process inherited SIGINT ignored (started from a background job of a script,
+    # nohup, some CI runners), where Python leaves it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     req = json.loads(Path(request_path).read_text())
     module_name, func_name = req["target"].split(":", 1)
     try:
