@@ -15,14 +15,10 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from pytest_workerstart.verdict import case_key
+
 #: Baselines shipped with the package: name -> file next to this module.
 SHIPPED = {"torch": "baselines/torch.json"}
-
-
-def case_key(nodeid: str, check_id: str) -> str:
-    """``check.id[context-case]`` from a check's node id."""
-    params = nodeid.partition(f"[{check_id}-")[2].rstrip("]")
-    return f"{check_id}[{params}]" if params else check_id
 
 
 class BaselineError(ValueError):

@@ -92,12 +92,14 @@ class LoaderUnderTest:
         return {"spec": self.spec, "qualified_name": self.qualname, "version": self.version,
                 "package": (self.qualname.split(".")[0] if "." in self.qualname else None),
                 "parallelism_kwarg": self.parallelism_kwarg,
-                "capabilities": {k: list(v) if isinstance(v, tuple) else v for k, v in self.capabilities.items()}}
+                "capabilities": self._capabilities_json()}
+
+    def _capabilities_json(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.capabilities.items()}
 
     def payload(self) -> dict[str, Any]:
         """What a fresh interpreter needs to rebuild this loader (JSON); see :func:`from_payload`."""
-        return {"spec": self.spec, "kwarg": self.parallelism_kwarg or "none",
-                "caps": {k: list(v) if isinstance(v, tuple) else v for k, v in self.capabilities.items()}}
+        return {"spec": self.spec, "kwarg": self.parallelism_kwarg or "none", "caps": self._capabilities_json()}
 
 
 def from_payload(payload: Mapping[str, Any]) -> "LoaderUnderTest":

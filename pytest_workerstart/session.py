@@ -21,7 +21,7 @@ import pytest
 
 from pytest_workerstart import protocol, registry
 from pytest_workerstart.settings import Settings
-from pytest_workerstart.verdict import OUTCOMES, Verdict, cell, parse_nodeid
+from pytest_workerstart.verdict import OUTCOMES, Verdict, case_key, cell, parse_nodeid
 
 SUITE_DIR = Path(__file__).resolve().parent / "conformance"
 if not SUITE_DIR.is_dir():  # running from a source checkout (editable install)
@@ -356,12 +356,11 @@ class WorkerstartSession:
         if failures:
             tr.write_line("")
             for r in sorted(failures, key=lambda r: r.nodeid):
-                case = r.nodeid.partition(f"[{r.id}-")[2].rstrip("]") or r.context or ""
                 base = ""
                 if self.baseline is not None:
                     base = (f" [{self.baseline.loader.get('spec', 'baseline')}: {r.baseline_outcome}]"
                             if r.baseline_outcome else " [not in the baseline]")
-                tr.write_line(f"{r.outcome.upper()} {r.id}[{case}]{base}: {r.reason}"[:1000], red=True)
+                tr.write_line(f"{r.outcome.upper()} {case_key(r.nodeid, r.id)}{base}: {r.reason}"[:1000], red=True)
             if config.option.tbstyle == "no":
                 tr.write_line("(tracebacks: -v or --tb=short)")
         counts = self.verdict.summary()

@@ -41,6 +41,13 @@ def parse_nodeid(nodeid: str) -> tuple[str, str | None] | None:
     return m["id"], (None if m["ctx"] == "none" else m["ctx"])
 
 
+def case_key(nodeid: str, check_id: str) -> str:
+    """``check.id[context-case]`` from a check's node id (what failure lines, expected
+    failures and baselines name a case by, whatever directory the node id is from)."""
+    params = nodeid.partition(f"[{check_id}-")[2].rstrip("]")
+    return f"{check_id}[{params}]" if params else check_id
+
+
 @dataclasses.dataclass
 class CheckRecord:
     nodeid: str
