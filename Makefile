@@ -16,7 +16,7 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PIP) install --quiet --upgrade "pip>=23.1"
-	$(PIP) install --quiet -c constraints.txt -e '.[dev]'
+	$(PIP) install --quiet -c constraints.txt -e '.[dev,third-party]'
 	@touch $(STAMP)
 
 venv: $(STAMP)

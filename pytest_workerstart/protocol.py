@@ -62,6 +62,9 @@ class LoaderUnderTest:
     #: a user's loader for which no parallelism keyword was declared or found
     #: (the summary says so: parallel start was then never exercised)
     kwarg_not_found: bool = False
+    #: the import name whose distribution ``version`` is: the factory's top-level
+    #: package, or what an adapter names in ``__workerstart_package__``
+    package: str | None = None
 
     def parallel_contexts(self) -> tuple[str, ...]:
         return tuple(self.capabilities.get("parallel_start", ()))
@@ -81,6 +84,12 @@ class LoaderUnderTest:
         return self.factory(dataset, **kwargs)
 
     @property
+    def label(self) -> str:
+        """``qualname version``; an adapter also names the package the version is of."""
+        own = self.qualname.split(".")[0] == self.package
+        return f"{self.qualname} {self.version}" if own else f"{self.qualname}, {self.package} {self.version}"
+
+    @property
     def subclasses_torch(self) -> bool:
         """A class derived from (not equal to) torch's DataLoader: it inherits torch's behaviour."""
         from torch.utils.data import DataLoader
@@ -90,7 +99,7 @@ class LoaderUnderTest:
     def describe(self) -> dict[str, Any]:
         """The loader as the verdict records it: what was tested, with which keyword and declarations."""
         return {"spec": self.spec, "qualified_name": self.qualname, "version": self.version,
-                "package": (self.qualname.split(".")[0] if "." in self.qualname else None),
+                "package": self.package,
                 "parallelism_kwarg": self.parallelism_kwarg,
                 "capabilities": self._capabilities_json()}
 
@@ -150,9 +159,17 @@ def _import_attr(spec: str) -> Any:
     return obj
 
 
-def _version_of(obj: Any) -> str:
-    module = getattr(obj, "__module__", "") or ""
-    top = module.split(".")[0]
+def _package_of(factory: Any) -> str | None:
+    """An adapter module is not what is tested: it names the package it adapts."""
+    named = getattr(factory, "__workerstart_package__", None)
+    if named is not None:
+        if not isinstance(named, str) or not re.match(r"^[A-Za-z_]\w*$", named):
+            raise SpecError(f"__workerstart_package__ = {named!r}: expected a top-level import name, e.g. 'litdata'")
+        return named
+    return (getattr(factory, "__module__", "") or "").split(".")[0] or None
+
+
+def _version_of(top: str | None) -> str:
     try:
         from importlib.metadata import PackageNotFoundError, packages_distributions, version
 
@@ -163,7 +180,10 @@ def _version_of(obj: Any) -> str:
                 continue
     except Exception:  # metadata is best effort
         pass
-    mod = importlib.import_module(top) if top else None
+    try:
+        mod = importlib.import_module(top) if top else None
+    except ImportError as exc:
+        raise SpecError(f"__workerstart_package__ names {top!r}, which does not import: {exc}") from None
     return str(getattr(mod, "__version__", "unknown"))
 
 
@@ -294,6 +314,7 @@ def resolve(
         _builtin(spec)  # raises the "unknown built-in" error
         raise AssertionError("unreachable")
 
+    package = _package_of(factory)
     if parallelism_kwarg is None:
         kwarg = default_kwarg
     elif parallelism_kwarg.lower() == "none":
@@ -312,11 +333,14 @@ def resolve(
         spec=spec,
         factory=factory,
         qualname=f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}",
-        version=_version_of(factory),
+        version=_version_of(package),
+        package=package,
         parallelism_kwarg=kwarg,
         capabilities=caps,
+        # declaring parallel_start (even as none) is an answer: nothing to hint
         kwarg_not_found=kwarg is None and parallelism_kwarg is None and not known
-        and getattr(factory, "__workerstart_parallelism_kwarg__", None) is None,
+        and getattr(factory, "__workerstart_parallelism_kwarg__", None) is None
+        and "parallel_start" not in (declared or {}),
     )
 
 

@@ -301,7 +301,7 @@ class WorkerstartSession:
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         caps = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}" for k, v in self.loader.capabilities.items())
         return [
-            f"workerstart: loader {self.loader.spec} = {self.loader.qualname} {self.loader.version}",
+            f"workerstart: loader {self.loader.spec} = {self.loader.label}",
             f"workerstart: parallelism kwarg {self.loader.parallelism_kwarg or 'none'}; capabilities {caps}",
             f"workerstart: contexts {','.join(self.contexts)}; profile {self.settings.profile}"
             f"{'; strict' if self.settings.strict else ''}",
@@ -346,7 +346,7 @@ class WorkerstartSession:
         for r in records:
             shown = r.outcome if r.state == "finished" else "not run"
             table.setdefault(r.id, {}).setdefault(r.context or "-", []).append(shown)
-        tr.write_sep("=", f"workerstart verdict: {self.loader.spec} ({self.loader.qualname} {self.loader.version})")
+        tr.write_sep("=", f"workerstart verdict: {self.loader.spec} ({self.loader.label})")
         width = max(len(k) for k in table) + 2
         tr.write_line("check".ljust(width) + "".join(c.ljust(12) for c in contexts))
         for check_id in sorted(table):
