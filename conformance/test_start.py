@@ -1,15 +1,17 @@
-"""Start clause: validation, default, bound, build-then-start.
+"""Start clause: validation, default, bound, build-then-start, unpicklable arguments.
 
 Concurrency is *observed*: the instrumented context holds every ``start()``
 until the remaining starts of that iterator are in flight (or 1 s passes), so a
 p-bounded loader shows exactly min(p, N) starts at once and a serial one 1.
 """
 
+import re
+
 import pytest
 
 from pytest_workerstart import protocol
-from pytest_workerstart.checkenv import batches_of
-from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+from pytest_workerstart.checkenv import HeldException, batches_of
+from pytest_workerstart.fixtures.datasets import UnpicklableDataset, WorkerTagDataset
 
 check = pytest.mark.workerstart_check
 N = 4
@@ -61,3 +63,31 @@ def test_builds_all_before_start(check_env):
     assert ctx.built_all_before_first_start(), (
         "the first start() began before all Process objects existed: "
         + ", ".join(f"w{r.worker} built {r.constructed:.3f} started {r.start_begin}" for r in recs))
+
+
+@check("start.unpicklable_argument")
+@pytest.mark.parametrize("argument", ["collate_fn", "worker_init_fn", "dataset"])
+def test_unpicklable_argument(check_env, argument):
+    """A lambda where spawn/forkserver must pickle it: an error naming the argument, nothing left."""
+    if argument == "worker_init_fn" and not check_env.loader.has("worker_init_fn"):
+        pytest.skip("loader does not declare capability 'worker_init_fn'")
+    dataset = UnpicklableDataset(8) if argument == "dataset" else WorkerTagDataset(8)
+    kwargs = {"collate_fn": lambda batch: batch} if argument == "collate_fn" else (
+        {"worker_init_fn": lambda worker_id: None} if argument == "worker_init_fn" else {})
+    before = check_env.snapshot()
+    p = 2 if check_env.parallel_start_here else None
+    loader = check_env.make(dataset, num_workers=2, parallelism=p, **kwargs)
+    try:
+        iter(loader).__next__()
+    except BaseException as exc:  # noqa: BLE001 - judged below, then released
+        if isinstance(exc, (pytest.fail.Exception, pytest.skip.Exception)):
+            raise
+        held = HeldException(exc)
+    else:
+        pytest.fail(f"a lambda {argument} under {check_env.context_name} did not raise at iter() or the first "
+                    "next(): it cannot have reached the workers", pytrace=False)
+    message = f"{type(held.exc).__name__}: {held.exc}"
+    del loader
+    named = re.search(rf"\b{argument}\b", str(held.exc)) is not None
+    check_env.assert_clean_around(before, held, f"unpicklable {argument}")
+    assert named, f"the error does not name the argument {argument!r}: {message[:400]}"

@@ -37,6 +37,7 @@ dies (see :mod:`pytest_workerstart.driverwatch`), in every context.
 
 from __future__ import annotations
 
+import pickle
 import queue
 import threading
 import time
@@ -57,13 +58,46 @@ class WorkerStartError(RuntimeError):
     """A worker process could not be started; ``__cause__`` is the original error."""
 
     def __init__(self, worker_id: int, num_workers: int, cause: BaseException):
-        self.worker_id = worker_id
+        self.worker_id, self.num_workers = worker_id, num_workers
         super().__init__(f"DataLoader worker {worker_id} (of {num_workers}) failed to start: "
                          f"{type(cause).__name__}: {cause}")
 
 
 class WorkerFailedError(RuntimeError):
     """A worker died, was killed or did not answer within ``timeout``."""
+
+
+def _is_pickling_error(exc: BaseException) -> bool:
+    # pickle raises PicklingError for lambdas at module level, AttributeError
+    # ("Can't pickle local object") for local ones, TypeError for C objects
+    return isinstance(exc, pickle.PicklingError) or (
+        isinstance(exc, (AttributeError, TypeError)) and "pickle" in str(exc).lower())
+
+
+def _unpicklable_argument(arguments: dict) -> str | None:
+    """The first argument a worker is sent that does not pickle; the pickling error
+    alone names only the object ("<function <lambda> at 0x...>"), not the argument."""
+    from multiprocessing.reduction import ForkingPickler
+
+    for name, value in arguments.items():
+        try:
+            ForkingPickler.dumps(value)
+        except Exception as exc:  # noqa: BLE001 - only a pickling error counts
+            if _is_pickling_error(exc):
+                return name
+    return None
+
+
+def _name_unpicklable(err: BaseException, arguments: dict, method: str) -> None:
+    """Reword a start error caused by an argument that does not pickle, naming it."""
+    cause = err.__cause__ if isinstance(err, WorkerStartError) else None
+    if cause is None or not _is_pickling_error(cause):
+        return
+    name = _unpicklable_argument(arguments)
+    if name is not None:
+        err.args = (f"DataLoader worker {err.worker_id} (of {err.num_workers}) failed to start: {name} cannot be pickled, and the "
+                    f"{method!r} start method sends it to every worker (define it at module level: lambdas "
+                    f"and local functions do not pickle; or use 'fork'): {type(cause).__name__}: {cause}",)
 
 
 def _is_worker_failure(exc: BaseException) -> bool:
@@ -315,9 +349,14 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         self._pending: _Launcher | None = None
         self._launches: list | None = None
         parallelism = self._effective_parallelism(loader, method)
+        # what every worker is sent, by the keyword that set it (to name one that does not pickle)
+        self._sent = {"dataset": loader.dataset, "collate_fn": loader.collate_fn,
+                      "worker_init_fn": loader.worker_init_fn}
+        self._method = method
         try:
             self._launch(ctx, parallelism)
         except BaseException as exc:
+            self._explain_start_error(exc)
             self._abandon()
             self._forget(exc)  # _launch's frame has finished by now: drop its locals too
             raise
@@ -391,6 +430,7 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         self._cleanup_failed_start(launches)  # stop started workers, close every index queue
         self._workers, self._index_queues, self._workers_status = [], [], []
         self._fail()  # the shared result queue, pin-memory thread, pid registration
+        self._explain_start_error(failure)
         try:
             raise failure
         finally:
@@ -467,6 +507,9 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         self._register(launches)
 
     # Seams (one method per decision; the broken loaders in fixtures/ override one each).
+    def _explain_start_error(self, exc: BaseException) -> None:
+        _name_unpicklable(exc, self._sent, self._method)
+
     def _launcher(self, procs: list, parallelism: int) -> _Launcher:
         return _Launcher(procs, parallelism)
 

@@ -68,6 +68,9 @@ CHECKS: dict[str, Check] = {c.id: c for c in (
           requires=("parallel_start",), quick_contexts=("spawn", "forkserver")),
     Check("start.builds_all_before_start", "every Process exists before the first start()",
           requires=("parallel_start",)),
+    Check("start.unpicklable_argument", "a lambda dataset, collate_fn or worker_init_fn under spawn/forkserver "
+                                        "raises at iter() or the first next() naming the argument; nothing left",
+          contexts=("spawn", "forkserver")),
     Check("order.registration", "batch k comes from worker k mod N whatever order starts finish in",
           requires=("in_order",)),
     Check("order.worker_seeds", "per-worker seeds do not depend on parallelism or context"),

@@ -6,7 +6,9 @@ docs cannot go unchecked):
 
 * ``pytest ...``: run with ``--collect-only`` in a scratch directory, which
   parses every option, resolves the loader SPEC (placeholder modules of the
-  docs get stubs) and validates capabilities; usage errors would exit 4.
+  docs get stubs, docs/recipes adapters are copied in) and validates
+  capabilities; usage errors would exit 4. A command whose third-party
+  package is not installed is skipped.
   Full runs of the same options are the self-tests and ``make conformance``.
 * ``python -m pytest_workerstart.bench``: ``plot``/``table``/``targets`` run for
   real on the committed results; a benchmark run is parsed by its own parser
@@ -87,10 +89,34 @@ def test_command_is_exercised(page, command, tmp_path):
         pytest.fail(f"{page}: no handler exercises {command!r}; add one to {__file__}")
 
 
+RECIPES = DOCS / "recipes"
+
+
+def _third_party_missing(args):
+    """The package a ``--workerstart-loader`` of the docs needs (directly or through a
+    docs/recipes adapter), when it is not installed: that command is then skipped."""
+    import importlib.util
+
+    for a in args:
+        if a.startswith("--workerstart-loader=") and ":" in a:
+            top = a.split("=", 1)[1].split(":")[0].split(".")[0]
+            recipe = RECIPES / f"{top}.py"
+            if recipe.exists():
+                top = re.search(r'__workerstart_package__ = "(\w+)"', recipe.read_text()).group(1)
+            if top not in ("mypackage", "myproject") and importlib.util.find_spec(top) is None:
+                return top
+    return None
+
+
 def _pytest(args, tmp_path):
+    missing = _third_party_missing(args)
+    if missing:
+        pytest.skip(f"{missing} is not installed (the third-party extra)")
     for rel, text in STUBS.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
+    for recipe in RECIPES.glob("*.py"):  # the docs run recipes from their directory
+        (tmp_path / recipe.name).write_text(recipe.read_text())
     for a in args:
         if a.startswith("--workerstart-json="):
             (tmp_path / a.split("=", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
