@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import importlib
 
-_MODULES = ("test_start", "test_order", "test_digest", "test_failure", "test_driver_death", "test_leaks",
-            "test_persistent", "test_prefetch", "test_sharding", "test_transfer", "test_speed")
+from pytest_workerstart import registry
+
+#: every module that holds a check, in the registry's order (the registry is the one list)
+_MODULES = tuple(dict.fromkeys(c.conformance_module for c in registry.CHECKS.values()))
 
 
 def _checks() -> dict:

@@ -121,6 +121,19 @@ def workerstart_digest():
 
 
 @pytest.fixture
+def workerstart_clean_exit():
+    """``workerstart_clean_exit("module:function", **kwargs) -> CleanExit``: run it in a fresh
+    interpreter that then exits; ``.problems()`` lists a non-zero status, any stderr, leftovers."""
+    from pytest_workerstart.probes.clean_exit import run_clean_exit
+    from pytest_workerstart.scenarios import child_env
+
+    def run(target: str, *, timeout: float = 120.0, exit_grace: float = 5.0, **kwargs):
+        return run_clean_exit(target, kwargs, timeout=timeout, exit_grace=exit_grace, env=child_env())
+
+    return run
+
+
+@pytest.fixture
 def workerstart_assert_startup_speedup():
     """``assert_startup_speedup(factory_spec, dataset_spec, ..., threshold)``; see docs/fixtures.md."""
     from pytest_workerstart.probes.timing import assert_startup_speedup

@@ -24,6 +24,7 @@ CLAUSES = {
     "sharding": ("test_sharding", "Leaks and seed properties"),
     "transfer": ("test_transfer", "Leaks and seed properties"),
     "speed": ("test_speed", "Speed"),
+    "exit": ("test_exit", "Exit"),
 }
 
 
@@ -96,6 +97,8 @@ CHECKS: dict[str, Check] = {c.id: c for c in (
     Check("sharding.exactly_once", "each sample exactly once per epoch, across workers and ranks",
           requires=("iterable_dataset",)),
     Check("transfer.shared_memory", "batch tensors arrive through shared memory"),
+    Check("exit.clean_interpreter", "a fresh interpreter that used the loader exits 0, prints nothing on "
+                                    "stderr and leaves nothing running", parallel_path=True),
     Check("speed.startup", "parallel start pays off in time to first batch", **_SPEED),
     Check("speed.steady_state", "parallel start costs no steady-state throughput", **_SPEED),
     Check("speed.memory", "parallel start costs no memory", **_SPEED),

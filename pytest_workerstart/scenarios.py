@@ -26,13 +26,14 @@ def child_env() -> dict[str, str]:
 
 
 def run(loader, context: str, name: str, *, timeout: float, memory_limit: int | None = None,
-        **kwargs) -> ScenarioResult:
+        exit_grace: float = 0.0, **kwargs) -> ScenarioResult:
     """Run ``scenario_<name>`` of this module (or ``name`` = "module:function") for
     ``loader`` (a LoaderUnderTest) in ``context``, bounded by ``timeout`` seconds
-    and ``memory_limit`` bytes of resident memory (the runner's default if None)."""
+    and ``memory_limit`` bytes of resident memory (the runner's default if None);
+    ``exit_grace``: see :func:`~pytest_workerstart.probes.runner.run_scenario`."""
     target = name if ":" in name else f"{__name__}:scenario_{name}"
     return run_scenario(target, {"loader": loader.payload(), "context": context, **kwargs},
-                        timeout=timeout, env=child_env(), memory_limit=memory_limit)
+                        timeout=timeout, env=child_env(), memory_limit=memory_limit, exit_grace=exit_grace)
 
 
 def rebuild(loader: dict, context: str):
@@ -259,3 +260,61 @@ def scenario_driver(loader: dict, context: str, case: str, num_workers: int, par
         next(it)
         ready.write_text("after-first-batch")
     time.sleep(600)
+
+
+# --- the interpreter's exit -------------------------------------------------
+
+#: What a training script's module globals still hold when the interpreter exits.
+_HELD_AT_EXIT: list = []
+
+
+def scenario_clean_exit(loader: dict, context: str, ending: str, num_workers: int,
+                        parallelism: int | None) -> dict[str, Any]:
+    """Use the loader as a script does, then let the interpreter exit (judged from outside).
+
+    ``exhaustion``: one epoch to the end. ``persistent``: two epochs with persistent
+    workers (and ``pin_memory`` where an accelerator exists), the loader still
+    referenced at exit. ``early_break``: ``for batch in loader: break``, the loader and
+    the batch still referenced at exit. ``keyboard_interrupt``: Ctrl-C as a terminal
+    sends it (SIGINT to the whole process group: driver and workers) in batch 2,
+    caught by the script, which then ends.
+    """
+    import signal
+
+    import torch
+
+    from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+
+    under_test = rebuild(loader, context)
+    kw: dict[str, Any] = {}
+    if ending == "persistent":
+        kw = {"persistent_workers": True, "pin_memory": torch.accelerator.is_available()}
+    dl = under_test.make(WorkerTagDataset(16), num_workers=num_workers, multiprocessing_context=context,
+                         parallelism=parallelism, batch_size=2, **kw)
+    batches = 0
+    if ending == "exhaustion":
+        batches = sum(1 for _ in dl)
+    elif ending == "persistent":
+        for _epoch in range(2):
+            for batch in dl:
+                batches += 1
+        _HELD_AT_EXIT.extend([dl, batch])
+    elif ending == "early_break":
+        for batch in dl:
+            batches += 1
+            break
+        _HELD_AT_EXIT.extend([dl, batch])
+    elif ending == "keyboard_interrupt":
+        try:
+            for batch in dl:
+                batches += 1
+                if batches == 2:
+                    os.killpg(os.getpgrp(), signal.SIGINT)  # this scenario's own session only
+                    time.sleep(30)
+        except KeyboardInterrupt:
+            pass
+        else:
+            raise AssertionError("the SIGINT sent to the process group raised no KeyboardInterrupt")
+    else:
+        raise ValueError(f"unknown ending {ending!r}")
+    return {"batches": batches}

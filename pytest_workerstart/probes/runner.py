@@ -89,10 +89,14 @@ def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None 
 
 def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 120.0,
                  env: dict[str, str] | None = None, dump_grace: float = 2.0,
-                 memory_limit: int | None = None) -> ScenarioResult:
+                 memory_limit: int | None = None, exit_grace: float = 0.0) -> ScenarioResult:
     """Run ``target(**kwargs)`` in a fresh interpreter; kill it and its tree after
     ``timeout`` s (status ``hang``, with stacks) or once their resident memory
-    passes ``memory_limit`` bytes (default: half of this machine's; status ``memory``)."""
+    passes ``memory_limit`` bytes (default: half of this machine's; status ``memory``).
+
+    ``exit_grace``: once the interpreter has exited, how long what it started
+    (workers, a forkserver, the resource tracker, which prints its leak warnings
+    then) may take to go by itself; only what is still there counts as ``leftovers``."""
     from pytest_workerstart.probes.deadline import GUARD_EVERY_S, memory_limit_bytes, tree_rss_over
 
     workdir = Path(tempfile.mkdtemp(prefix="workerstart-scenario-"))
@@ -129,6 +133,10 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     duration = time.monotonic() - start
     if status in ("hang", "memory"):
         stacks = err_path.read_text(errors="replace")[-20000:]
+    elif exit_grace:
+        deadline = time.monotonic() + exit_grace
+        while reaper.session_members(proc.pid, leader_ctime) and time.monotonic() < deadline:
+            time.sleep(0.1)
     leftovers = reaper.kill_session(proc.pid, leader_ctime=leader_ctime)
     try:
         proc.wait(timeout=5)

@@ -1,0 +1,32 @@
+"""exit.clean_interpreter: a program that used the loader ends cleanly.
+
+Judged from outside a fresh interpreter (see
+:mod:`pytest_workerstart.probes.clean_exit`): exit status 0, nothing at all on
+stderr (no ``resource_tracker: There appear to be N leaked semaphore objects``, no
+``Exception ignored in``, no warning), and nothing it started still running
+``--workerstart-exit-timeout`` seconds after it exited. The truth is the
+interpreter's own exit status and output, not anything the loader reports.
+"""
+
+import pytest
+
+from pytest_workerstart import scenarios
+from pytest_workerstart.probes.clean_exit import CleanExit
+
+check = pytest.mark.workerstart_check
+N = 2
+ENDINGS = ["exhaustion", "persistent", "early_break", "keyboard_interrupt"]
+
+
+@check("exit.clean_interpreter")
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_clean_interpreter(check_env, ending):
+    if check_env.settings.profile == "quick" and ending != "early_break":
+        pytest.skip("quick profile: the early break only (workers alive at exit)")
+    if ending == "persistent" and not check_env.loader.has("persistent_workers"):
+        pytest.skip("loader does not declare capability 'persistent_workers'")
+    res = scenarios.run(check_env.loader, check_env.context_name, "clean_exit", timeout=180,
+                        memory_limit=check_env.memory_limit, exit_grace=check_env.settings.exit_timeout,
+                        ending=ending, num_workers=N, parallelism=N if check_env.parallel_start_here else None)
+    problems = CleanExit(res).problems()
+    assert not problems, f"after {ending.replace('_', ' ')}: " + "; ".join(problems)

@@ -1,0 +1,54 @@
+"""Does a program that used the loader end cleanly? Run it in a fresh interpreter and see.
+
+What users meet at the very end of a training script is only visible from
+outside: the interpreter's exit status, what it (and everything it started:
+workers, a forkserver, the resource tracker) wrote to stderr, such as
+``resource_tracker: There appear to be 1 leaked semaphore objects to clean up
+at shutdown`` or ``Exception ignored in: ...``, and whatever is still running
+once it has gone. :func:`run_clean_exit` runs ``target(**kwargs)`` with the
+scenario runner (own session, private ``TMPDIR``, hard timeout) and waits a
+grace period after the interpreter exits before calling anything a leftover.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pytest_workerstart.probes.runner import ScenarioResult, run_scenario
+
+
+@dataclasses.dataclass
+class CleanExit:
+    """How the interpreter ended: status of the callable, exit status, stderr, leftovers."""
+
+    result: ScenarioResult
+
+    @property
+    def stderr(self) -> str:
+        return self.result.stderr
+
+    @property
+    def leftovers(self) -> list[str]:
+        return self.result.leftovers
+
+    def problems(self) -> list[str]:
+        """One line per way the exit was not clean (empty: it was)."""
+        r = self.result
+        if r.status != "ok":
+            return [r.one_line() + (f": {r.traceback.strip().splitlines()[-1]}" if r.traceback else "")]
+        out = []
+        if r.returncode != 0:
+            out.append(f"the interpreter exited with status {r.returncode}")
+        if r.stderr.strip():
+            lines = r.stderr.strip().splitlines()
+            out.append(f"stderr is not empty ({len(lines)} lines): " + " | ".join(lines[:6])[:600])
+        if r.leftovers:
+            out.append(f"{len(r.leftovers)} processes outlived the interpreter: " + "; ".join(r.leftovers)[:600])
+        return out
+
+
+def run_clean_exit(target: str, kwargs: dict | None = None, *, timeout: float = 120.0, exit_grace: float = 5.0,
+                   env: dict[str, str] | None = None, memory_limit: int | None = None) -> CleanExit:
+    """Run ``target(**kwargs)`` ("module:function") in a fresh interpreter that then exits normally."""
+    return CleanExit(run_scenario(target, kwargs, timeout=timeout, env=env, memory_limit=memory_limit,
+                                  exit_grace=exit_grace))
