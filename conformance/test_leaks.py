@@ -1,4 +1,5 @@
 """leaks.clean_exit: nothing is left after the ordinary ways an epoch ends.
+leaks.fd_growth: open fds stay flat over many epochs.
 
 Each way is its own case: full exhaustion, early ``break`` + ``del``, an
 exception raised by the training loop itself, and persistent workers shut
@@ -7,9 +8,13 @@ backing a batch the test still holds is not a leak. Processes and threads have
 ``--workerstart-exit-timeout`` (default 5 s) to go once the loader is done.
 """
 
+import gc
+
+import psutil
 import pytest
 
 from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check
 N = 2
@@ -48,3 +53,50 @@ def test_clean_exit(check_env, ending):
         del batch
     del loader
     check_env.assert_clean(before, f"after {ending.replace('_', ' ')}", timeout=check_env.settings.exit_timeout)
+
+
+EPOCHS = 20
+#: fds a process may gain between the end of epoch 2 and the end of epoch 20
+#: (epoch 1 opens what is opened once: the forkserver connection, torch's caches)
+FD_ALLOWANCE = 2
+
+
+def _num_fds(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).num_fds()
+    except psutil.Error:
+        return None
+
+
+@check("leaks.fd_growth")
+@pytest.mark.parametrize("iterators", ["persistent", "fresh"])
+def test_fd_growth(check_env, iterators):
+    """fds of the driver (and, with persistent workers, of each worker) after each of 20 epochs."""
+    persistent = iterators == "persistent"
+    if persistent and not check_env.loader.has("persistent_workers"):
+        pytest.skip("loader does not declare capability 'persistent_workers'")
+    if not persistent and check_env.settings.profile == "quick":
+        pytest.skip("quick profile: persistent workers only (20 fresh iterators boot 40 workers)")
+    p = N if check_env.parallel_start_here else None
+    loader = check_env.make(WorkerTagDataset(8), num_workers=N, parallelism=p, persistent_workers=persistent)
+    driver: list[int] = []
+    workers: dict[int, list[int | None]] = {}
+    for _epoch in range(EPOCHS):
+        pids = set()
+        for batch in loader:
+            pids.update(int(x) for x in batch["pid"])
+        del batch  # a batch still referenced keeps its shm fd: not a leak
+        gc.collect()
+        driver.append(psutil.Process().num_fds())
+        if persistent:
+            for pid in sorted(pids):
+                workers.setdefault(pid, []).append(_num_fds(pid))
+    del loader
+    series = {"driver": driver, **{f"worker pid {pid}": s for pid, s in workers.items()}}
+    record_measurements(check_env.request.node, fds_per_epoch=series)
+    grew = []
+    for who, s in series.items():
+        if len(s) == EPOCHS and None not in s and s[-1] - s[1] > FD_ALLOWANCE:
+            grew.append(f"{who}: {s[1]} -> {s[-1]} fds (epochs 2 -> {EPOCHS}; series {s})")
+    assert not grew, (f"fds grew by more than {FD_ALLOWANCE} over {EPOCHS} epochs "
+                      f"({'persistent workers' if persistent else 'a fresh iterator per epoch'}): " + "; ".join(grew))

@@ -91,6 +91,7 @@ CHECKS: dict[str, Check] = {c.id: c for c in (
     Check("failure.driver_killed", "nothing the driver started outlives it",
           requires=("driver_watchdog",), module="test_driver_death"),
     Check("leaks.clean_exit", "nothing leaks after the ordinary ways an epoch ends"),
+    Check("leaks.fd_growth", "fds of the driver and of persistent workers stay flat over 20 epochs"),
     Check("persistent.reuse", "persistent workers live as long as the loader",
           requires=("persistent_workers",)),
     Check("prefetch.bound", "in-flight batches never exceed prefetch_factor x num_workers"),

@@ -48,6 +48,14 @@ def case_key(nodeid: str, check_id: str) -> str:
     return f"{check_id}[{params}]" if params else check_id
 
 
+MEASUREMENTS = "workerstart_measurements"
+
+
+def record_measurements(node: pytest.Item, **values: Any) -> None:
+    """Attach JSON-able series to the verdict record of the running check."""
+    node.user_properties.append((MEASUREMENTS, values))
+
+
 @dataclasses.dataclass
 class CheckRecord:
     nodeid: str
@@ -59,10 +67,16 @@ class CheckRecord:
     duration_s: float = 0.0
     #: what the baseline verdict (``--workerstart-baseline``) got for this case, if one was given
     baseline_outcome: str | None = None
+    #: what the check measured, from ``request.node.user_properties`` entries
+    #: ``("workerstart_measurements", {name: value})`` (see :func:`record_measurements`)
+    measurements: dict[str, Any] | None = None
 
     def apply(self, report: pytest.TestReport) -> None:
         """Fold one phase report (setup, call, teardown) into the record."""
         self.duration_s = round(self.duration_s + report.duration, 3)
+        for key, value in getattr(report, "user_properties", ()):
+            if key == MEASUREMENTS:
+                self.measurements = {**(self.measurements or {}), **value}
         if report.when not in ("setup", "call", "teardown"):  # xdist: the worker running it crashed
             self.state, self.outcome = "finished", "error"
             self.reason = f"crashed: {str(report.longrepr).strip().splitlines()[0][:400]}"
