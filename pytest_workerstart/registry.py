@@ -25,6 +25,7 @@ CLAUSES = {
     "transfer": ("test_transfer", "Leaks and seed properties"),
     "speed": ("test_speed", "Speed"),
     "exit": ("test_exit", "Exit"),
+    "memory": ("test_memory", "Memory"),
 }
 
 
@@ -100,6 +101,8 @@ CHECKS: dict[str, Check] = {c.id: c for c in (
     Check("transfer.shared_memory", "batch tensors arrive through shared memory"),
     Check("exit.clean_interpreter", "a fresh interpreter that used the loader exits 0, prints nothing on "
                                     "stderr and leaves nothing running", parallel_path=True),
+    Check("memory.epoch_growth", "a persistent worker's USS stays flat from epoch 2 to epoch 10",
+          requires=("persistent_workers",)),
     Check("speed.startup", "parallel start pays off in time to first batch", **_SPEED),
     Check("speed.steady_state", "parallel start costs no steady-state throughput", **_SPEED),
     Check("speed.memory", "parallel start costs no memory", **_SPEED),
