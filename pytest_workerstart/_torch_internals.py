@@ -15,7 +15,10 @@ torch has no hook around worker creation, so the reference loader re-implements
 * ``_utils.worker._worker_loop``, called by keyword (its parameter names are
   checked by :func:`check_supported`);
 * ``_utils.pin_memory._pin_memory_loop`` and ``_utils.signal_handling``;
-* ``_utils.MP_STATUS_CHECK_INTERVAL`` and ``dataloader._sharding_worker_init_fn``.
+* ``_utils.MP_STATUS_CHECK_INTERVAL`` and ``dataloader._sharding_worker_init_fn``;
+* for resume: ``DataLoader._index_sampler`` (the property every iterator reads its
+  sampler from, once, in ``_BaseDataLoaderIter.__init__``) and
+  ``_SingleProcessDataLoaderIter`` (subclassed to count delivered batches).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ RESET_STATE = frozenset({"_workers_status", "_task_info", "_rcvd_idx", "_tasks_o
 
 BaseIter = _dl._BaseDataLoaderIter
 MultiProcessingIter = _dl._MultiProcessingDataLoaderIter
+SingleProcessIter = _dl._SingleProcessDataLoaderIter
 MP_STATUS_CHECK_INTERVAL = _utils.MP_STATUS_CHECK_INTERVAL
 
 
@@ -105,10 +109,49 @@ def check_supported(version: str | None = None) -> None:
     it = BaseIter(_dl.DataLoader(range(2), generator=torch.Generator().manual_seed(1234)))
     if it._base_seed != torch_worker_seeds(1234, 1)[0]:
         raise UnsupportedTorchError(f"torch {version}: worker seeds are no longer the generator's first draw")
-    for func, needed in ((BaseIter.__init__, BASE_STATE), (MultiProcessingIter._reset, RESET_STATE)):
+    if not isinstance(vars(_dl.DataLoader).get("_index_sampler"), property):
+        raise UnsupportedTorchError(f"torch {version}: DataLoader._index_sampler is no longer a property")
+    for func, needed in ((BaseIter.__init__, BASE_STATE | {"_index_sampler"}), (MultiProcessingIter._reset, RESET_STATE),
+                         (BaseIter._reset, {"_sampler_iter"})):
         missing = needed - _assigned(func)
         if missing:
             raise UnsupportedTorchError(f"torch {version}: {func.__qualname__} no longer sets {sorted(missing)}")
+
+
+class SkipFirst:
+    """An index sampler whose next iteration that is drawn from starts ``skip`` steps
+    in (a resumed epoch); every later one is whole (persistent workers' next epochs)."""
+
+    def __init__(self, sampler, skip: int):
+        self.sampler, self.skip = sampler, skip
+
+    def __iter__(self):
+        # lazily: torch's iterator calls iter() in __init__ and again in _reset, and
+        # draws only from the second; the skip belongs to the iteration drawn from
+        it = iter(self.sampler)
+        skip, self.skip = self.skip, 0
+        for _ in range(skip):
+            if next(it, _END) is _END:
+                return
+        yield from it
+
+    def __len__(self) -> int:
+        return max(len(self.sampler) - self.skip, 0)
+
+
+_END = object()
+
+
+def resumable_index_sampler(skip_attr: str) -> property:
+    """A ``DataLoader._index_sampler`` override: torch's, skipping ``getattr(loader,
+    skip_attr)`` batches in the next iteration when that is non-zero."""
+
+    def get(loader):
+        sampler = _dl.DataLoader._index_sampler.fget(loader)
+        skip = getattr(loader, skip_attr)
+        return SkipFirst(sampler, skip) if skip else sampler
+
+    return property(get)
 
 
 def torch_worker_seeds(generator_seed: int, num_workers: int) -> dict[int, int]:

@@ -36,6 +36,8 @@ CAPABILITIES: dict[str, tuple[str, Any, str]] = {
     "iterable_dataset": ("bool", True, "supports IterableDataset"),
     "torch_parity": ("bool", True, "delivers torch DataLoader's batches and worker seeds for the same arguments"),
     "driver_watchdog": ("bool", True, "workers exit when the driving process dies"),
+    "state_dict": ("bool", False, "state_dict()/load_state_dict() resume an epoch where it stopped "
+                                  "(detected: the loader class has both methods)"),
 }
 
 #: Declared in 0.1 but read by no check; declaring one is an error that says so.
@@ -314,6 +316,8 @@ def resolve(
         _builtin(spec)  # raises the "unknown built-in" error
         raise AssertionError("unreachable")
 
+    if "state_dict" not in (declared or {}):
+        caps["state_dict"] = all(callable(getattr(factory, m, None)) for m in ("state_dict", "load_state_dict"))
     package = _package_of(factory)
     if parallelism_kwarg is None:
         kwarg = default_kwarg

@@ -163,10 +163,18 @@ class ParallelStartDataLoader(DataLoader):
     ``worker_start_parallelism`` (int >= 1, default 1): how many worker starts may
     be in flight at once under spawn and forkserver; capped at ``num_workers``;
     1 starts workers one by one; ignored (serial) under fork.
+
+    ``state_dict()`` / ``load_state_dict()``: resume an epoch of a map-style dataset
+    where it stopped, in a new loader built with the same arguments (the generator's
+    state is saved and restored, so a seeded shuffle resumes the same permutation).
     """
 
     __workerstart_capabilities__ = {"parallel_start": ("spawn", "forkserver")}
     __workerstart_parallelism_kwarg__ = "worker_start_parallelism"
+    # resume: batches the next iterator skips; the current epoch's progress
+    _resume_skip = 0
+    _progress: "_Progress | None" = None
+    _index_sampler = torch_internals.resumable_index_sampler("_resume_skip")
 
     def __init__(
         self,
@@ -198,11 +206,61 @@ class ParallelStartDataLoader(DataLoader):
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
 
+    def __iter__(self):
+        # counted by the iterator itself, so the count outlives it (``for ... break`` drops it)
+        progress = _Progress(self._resume_skip, self.generator.get_state() if self.generator is not None else None)
+        try:
+            it = super().__iter__()
+        finally:
+            self._resume_skip = 0
+        it._ws_progress = self._progress = progress
+        return it
+
+    def state_dict(self) -> dict:
+        """Where the current epoch stands: batches delivered (plus those a resume skipped)
+        and the generator's state when the epoch began."""
+        p = self._progress
+        if p is None:
+            return {"batches_yielded": 0, "generator_state": None}
+        return {"batches_yielded": p.delivered, "generator_state": p.generator_state}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The next ``iter()`` resumes the epoch ``state`` (from :meth:`state_dict`) describes."""
+        try:
+            skip, gen_state = int(state["batches_yielded"]), state["generator_state"]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"load_state_dict: expected a dict from state_dict(), got {state!r}") from None
+        if skip < 0:
+            raise ValueError(f"load_state_dict: batches_yielded must be >= 0, got {skip}")
+        if skip and isinstance(self.dataset, torch.utils.data.IterableDataset):
+            raise ValueError("load_state_dict: an IterableDataset's position is the dataset's own state; "
+                             "this loader resumes map-style datasets only")
+        if gen_state is not None and self.generator is not None:
+            self.generator.set_state(gen_state)
+        self._resume_skip = skip
+
     def _get_iterator(self):
         if self.num_workers == 0:
-            return super()._get_iterator()
+            return _SingleIter(self)
         self.check_worker_number_rationality()
         return self._iterator_class(self)
+
+
+class _Progress:
+    """An epoch's position: batches a resume skipped plus batches delivered since."""
+
+    def __init__(self, skipped: int, generator_state):
+        self.delivered, self.generator_state = skipped, generator_state
+
+
+class _SingleIter(torch_internals.SingleProcessIter):
+    _ws_progress: _Progress | None = None
+
+    def __next__(self):
+        batch = super().__next__()
+        if self._ws_progress is not None:
+            self._ws_progress.delivered += 1
+        return batch
 
 
 def _worker_main(token, loop_kwargs) -> None:
@@ -331,6 +389,8 @@ def _stop_launches(launches, done_event) -> None:
 
 
 class _ParallelStartIter(torch_internals.MultiProcessingIter):
+    _ws_progress: _Progress | None = None
+
     def __init__(self, loader: ParallelStartDataLoader) -> None:
         torch_internals.BaseIter.__init__(self, loader)
         self._prefetch_factor = loader.prefetch_factor
@@ -555,7 +615,10 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         # clear error naming the worker, after shutting every worker down.
         try:
             self._settle()
-            return super().__next__()
+            batch = super().__next__()
+            if self._ws_progress is not None:
+                self._ws_progress.delivered += 1
+            return batch
         except WorkerStartError:
             raise  # _settle cleaned up already
         except RuntimeError as exc:

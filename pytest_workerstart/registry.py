@@ -26,6 +26,7 @@ CLAUSES = {
     "speed": ("test_speed", "Speed"),
     "exit": ("test_exit", "Exit"),
     "memory": ("test_memory", "Memory"),
+    "resume": ("test_resume", "Resume"),
 }
 
 
@@ -103,6 +104,8 @@ CHECKS: dict[str, Check] = {c.id: c for c in (
                                     "stderr and leaves nothing running", parallel_path=True),
     Check("memory.epoch_growth", "a persistent worker's USS stays flat from epoch 2 to epoch 10",
           requires=("persistent_workers",)),
+    Check("resume.state_dict", "stopping after k batches and resuming in a new loader gives exactly the rest",
+          requires=("state_dict",), contexts=("spawn", "forkserver")),
     Check("speed.startup", "parallel start pays off in time to first batch", **_SPEED),
     Check("speed.steady_state", "parallel start costs no steady-state throughput", **_SPEED),
     Check("speed.memory", "parallel start costs no memory", **_SPEED),
