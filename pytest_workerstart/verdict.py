@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 #: Version of the verdict format (``verdict.schema.json``); bumped on any change.
-VERSION = "0.3"
+VERSION = "0.4"
 SCHEMA_PATH = Path(__file__).with_name("verdict.schema.json")
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "error")
 STATES = ("finished", "running", "not_run")
@@ -137,8 +137,8 @@ def one_line(report: pytest.TestReport) -> str:
     first = lines[0][:500]
     if "Original Traceback" in text:
         original = [ln.strip() for ln in text.split("Original Traceback", 1)[1].splitlines() if ln.strip()]
-        cause = next((ln for ln in reversed(original) if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", ln)),
-                     original[-1] if original else "")
+        # only an exception line: a traceback quoted inside a longer message ends elsewhere
+        cause = next((ln for ln in reversed(original) if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", ln)), "")
         if cause and cause not in first:
             first = f"{first} (in the worker: {cause[:300]})"
     return first
