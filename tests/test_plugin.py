@@ -347,3 +347,46 @@ def test_shipped_torch_baseline_is_a_full_verdict_of_the_pinned_torch():
     assert shipped.loader["spec"] == "torch" and shipped.profile == "full"
     assert shipped.torch and shipped.torch.startswith("2.14.1")
     assert len(shipped.outcomes) > 50
+
+
+def test_adapter_declarations_name_the_package_and_silence_the_hint(tmp_path, monkeypatch):
+    """``__workerstart_package__`` makes the verdict record the adapted package's version;
+    a declared ``parallel_start`` (even empty) is an answer, not a missing keyword."""
+    import textwrap
+
+    import torch
+
+    from pytest_workerstart import protocol
+
+    # not pytester: it restores sys.modules after the test, and torch cannot be imported twice
+    (tmp_path / "ws_my_adapter.py").write_text(textwrap.dedent("""
+        from torch.utils.data import DataLoader
+
+        def make(dataset, **kwargs):
+            return DataLoader(dataset, **kwargs)
+
+        make.__workerstart_package__ = "torch"
+        make.__workerstart_capabilities__ = {"parallel_start": ()}
+
+        def bad(dataset, **kwargs):
+            return DataLoader(dataset, **kwargs)
+
+        bad.__workerstart_package__ = "not a name"
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loader = protocol.resolve("ws_my_adapter:make")
+    assert loader.package == "torch" and loader.version == protocol.resolve("torch").version
+    assert loader.version.split("+")[0] == torch.__version__.split("+")[0]
+    assert loader.label == f"ws_my_adapter.make, torch {loader.version}" and not loader.kwarg_not_found
+    assert loader.describe()["package"] == "torch"
+    with pytest.raises(protocol.SpecError, match="__workerstart_package__"):
+        protocol.resolve("ws_my_adapter:bad")
+
+
+def test_state_dict_capability_is_detected_from_the_class():
+    from pytest_workerstart import protocol
+
+    assert protocol.resolve("torchdata").has("state_dict")
+    assert protocol.resolve("reference").has("state_dict")
+    assert not protocol.resolve("torch").has("state_dict")
+    assert not protocol.resolve("torchdata", capability_overrides={"state_dict": "false"}).has("state_dict")

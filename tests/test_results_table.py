@@ -9,12 +9,29 @@ from pytest_workerstart.results_table import render
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 VERDICTS = [RESULTS / f"{name}.json" for name in ("reference", "torch", "torchdata")]
+THIRD_PARTY = [RESULTS / f"{name}.json"
+               for name in ("monai-dataloader", "monai-threaddataloader", "litdata", "mosaic-streaming")]
 
 
 def test_table_renders_the_committed_verdicts():
     assert (RESULTS / "table.md").read_text() == render(VERDICTS), (
         "regenerate: python -m pytest_workerstart.results_table docs/results/{reference,torch,torchdata}.json"
         " > docs/results/table.md")
+
+
+def test_third_party_table_renders_the_committed_verdicts():
+    assert (RESULTS / "third-party.md").read_text() == render(THIRD_PARTY), (
+        "regenerate: python -m pytest_workerstart.results_table docs/results/{monai-dataloader,"
+        "monai-threaddataloader,litdata,mosaic-streaming}.json > docs/results/third-party.md")
+
+
+def test_third_party_verdicts_are_complete_and_against_torch():
+    import json
+
+    for path in THIRD_PARTY:
+        data = json.loads(path.read_text())
+        assert data["complete"] and data["settings"]["profile"] == "full", path.name
+        assert data["baseline"] and data["baseline"]["loader"]["spec"] == "torch", path.name
 
 
 def test_reference_verdict_is_all_green():
