@@ -12,6 +12,7 @@ import pytest
 
 from pytest_workerstart import scenarios
 from pytest_workerstart.probes.clean_exit import CleanExit
+from pytest_workerstart.probes.cores import usable_cores
 
 check = pytest.mark.workerstart_check
 N = 2
@@ -25,8 +26,10 @@ def test_clean_interpreter(check_env, ending):
         pytest.skip("quick profile: the early break only (workers alive at exit)")
     if ending == "persistent" and not check_env.loader.has("persistent_workers"):
         pytest.skip("loader does not declare capability 'persistent_workers'")
+    # no more workers than cores: torch warns on stderr otherwise, rightly, about the test's choice
+    n = max(1, min(N, usable_cores()))
     res = scenarios.run(check_env.loader, check_env.context_name, "clean_exit", timeout=180,
                         memory_limit=check_env.memory_limit, exit_grace=check_env.settings.exit_timeout,
-                        ending=ending, num_workers=N, parallelism=N if check_env.parallel_start_here else None)
+                        ending=ending, num_workers=n, parallelism=n if check_env.parallel_start_here else None)
     problems = CleanExit(res).problems()
     assert not problems, f"after {ending.replace('_', ' ')}: " + "; ".join(problems)
