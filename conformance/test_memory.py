@@ -6,8 +6,8 @@ the end of epoch 2 (epoch 1 warms allocators and caches) to the end of epoch 10
 must stay within ``max(2 MiB, 1 %)``. Growth is the smaller of the USS and the
 RSS increase: memory the worker allocated and kept raises both, while USS alone
 also jumps when a page the worker shared with its forkserver or parent becomes
-private because *that* process wrote to it (seen: +2.25 MiB in both forkserver
-workers at once, RSS flat). Both series are in the verdict. Worker pids come
+private because *that* process wrote to it (seen for torch and the reference:
++2.3 MiB in both forkserver workers at once, RSS flat). Both series are in the verdict. Worker pids come
 from the suite's instrumented context, not from the loader (pytorch #62066).
 """
 
