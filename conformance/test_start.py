@@ -10,7 +10,7 @@ import re
 import pytest
 
 from pytest_workerstart import protocol
-from pytest_workerstart.checkenv import HeldException, batches_of
+from pytest_workerstart.checkenv import batches_of
 from pytest_workerstart.fixtures.datasets import UnpicklableDataset, WorkerTagDataset
 
 check = pytest.mark.workerstart_check
@@ -77,15 +77,9 @@ def test_unpicklable_argument(check_env, argument):
     before = check_env.snapshot()
     p = 2 if check_env.parallel_start_here else None
     loader = check_env.make(dataset, num_workers=2, parallelism=p, **kwargs)
-    try:
-        iter(loader).__next__()
-    except BaseException as exc:  # noqa: BLE001 - judged below, then released
-        if isinstance(exc, (pytest.fail.Exception, pytest.skip.Exception)):
-            raise
-        held = HeldException(exc)
-    else:
-        pytest.fail(f"a lambda {argument} under {check_env.context_name} did not raise at iter() or the first "
-                    "next(): it cannot have reached the workers", pytrace=False)
+    held = check_env.run_expecting_failure(
+        lambda: next(iter(loader)), f"a lambda {argument} under {check_env.context_name} did not raise at iter() or "
+        "the first next(): it cannot have reached the workers")
     message = f"{type(held.exc).__name__}: {held.exc}"
     del loader
     named = re.search(rf"\b{argument}\b", str(held.exc)) is not None

@@ -133,14 +133,15 @@ class CheckEnv:
         return LeakSnapshot.take()
 
     # --- judging -------------------------------------------------------------
-    def run_expecting_failure(self, fn: Callable[[], Any]) -> HeldException:
+    def run_expecting_failure(self, fn: Callable[[], Any], what: str = "the loader did not raise") -> HeldException:
+        """Run ``fn``, which must raise; the error is held (``what``: the failure if it does not)."""
         try:
             fn()
         except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt is a legitimate outcome here
             if isinstance(exc, (pytest.fail.Exception, pytest.skip.Exception)):
                 raise
             return HeldException(exc)
-        pytest.fail("the loader did not raise")
+        pytest.fail(what)
 
     def assert_clean(self, before: LeakSnapshot, what: str, timeout: float = LEAK_PATIENCE_S) -> None:
         report = LeakSnapshot.wait_clean(before, timeout=timeout)

@@ -59,8 +59,12 @@ class WorkerStartError(RuntimeError):
 
     def __init__(self, worker_id: int, num_workers: int, cause: BaseException):
         self.worker_id, self.num_workers = worker_id, num_workers
-        super().__init__(f"DataLoader worker {worker_id} (of {num_workers}) failed to start: "
-                         f"{type(cause).__name__}: {cause}")
+        super().__init__(self.describe(cause))
+
+    def describe(self, cause: BaseException, why: str = "") -> str:
+        """The message, optionally saying why ``cause`` happened."""
+        return (f"DataLoader worker {self.worker_id} (of {self.num_workers}) failed to start: "
+                f"{why + ': ' if why else ''}{type(cause).__name__}: {cause}")
 
 
 class WorkerFailedError(RuntimeError):
@@ -95,9 +99,9 @@ def _name_unpicklable(err: BaseException, arguments: dict, method: str) -> None:
         return
     name = _unpicklable_argument(arguments)
     if name is not None:
-        err.args = (f"DataLoader worker {err.worker_id} (of {err.num_workers}) failed to start: {name} cannot be pickled, and the "
-                    f"{method!r} start method sends it to every worker (define it at module level: lambdas "
-                    f"and local functions do not pickle; or use 'fork'): {type(cause).__name__}: {cause}",)
+        err.args = (err.describe(cause, f"{name} cannot be pickled, and the {method!r} start method sends it to "
+                                        "every worker (define it at module level: lambdas and local functions "
+                                        "do not pickle; or use 'fork')"),)
 
 
 def _is_worker_failure(exc: BaseException) -> bool:
