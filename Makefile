@@ -22,7 +22,7 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 venv: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -p no:cacheprovider tests
+	$(PY) -m pytest -p no:cacheprovider --durations=30 tests
 
 # `make test` and `make conformance-quick` while LOAD CPU-bound processes run
 # beside them (default 2: on a 2-core machine, half the CPU for the suite).
