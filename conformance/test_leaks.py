@@ -1,5 +1,6 @@
 """leaks.clean_exit: nothing is left after the ordinary ways an epoch ends.
 leaks.fd_growth: open fds stay flat over many epochs.
+leaks.shm_segments: no ``/dev/shm`` entry the loader's processes created outlives it.
 
 Each way is its own case: full exhaustion, early ``break`` + ``del``, an
 exception raised by the training loop itself, and persistent workers shut
@@ -13,7 +14,8 @@ import gc
 import psutil
 import pytest
 
-from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+from pytest_workerstart.fixtures.datasets import CorruptItemDataset, WorkerTagDataset
+from pytest_workerstart.probes.leaks import ShmWatch
 from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check
@@ -100,3 +102,35 @@ def test_fd_growth(check_env, iterators):
             grew.append(f"{who}: {s[1]} -> {s[-1]} fds (epochs 2 -> {EPOCHS}; series {s})")
     assert not grew, (f"fds grew by more than {FD_ALLOWANCE} over {EPOCHS} epochs "
                       f"({'persistent workers' if persistent else 'a fresh iterator per epoch'}): " + "; ".join(grew))
+
+
+@check("leaks.shm_segments")
+@pytest.mark.parametrize("ending", ["exhaustion", "early_break", "worker_error"])
+def test_shm_segments(check_env, ending):
+    """Entries are attributed while the loader runs (:class:`ShmWatch`, plus what each
+    worker maps as it exits): what a worker created and left is mapped by no one at
+    the end, so an end snapshot misses it. A driver SIGKILL is ``failure.driver_killed``'s case."""
+    p = N if check_env.parallel_start_here else None
+    ctx = check_env.context(N)
+    with ShmWatch() as watch:
+        if ending == "worker_error":
+            loader = check_env.make(CorruptItemDataset(16, bad=5), num_workers=N, ctx=ctx, parallelism=p)
+            with pytest.raises(ValueError, match="item 5 is corrupt"):
+                for batch in loader:
+                    pass
+        else:
+            loader = check_env.make(WorkerTagDataset(16), num_workers=N, ctx=ctx, parallelism=p)
+            for i, batch in enumerate(loader):
+                if ending == "early_break" and i == 1:
+                    break
+        batch = None
+        del loader
+        gc.collect()
+    watch.note(ctx.shm_at_exit())
+    left = watch.left(timeout=check_env.settings.exit_timeout)
+    record_measurements(check_env.request.node, shm_entries_seen=sorted(watch.seen))
+    if left:
+        unlinked = watch.unlink_left()
+        pytest.fail(f"{len(left)} /dev/shm entr{'y' if len(left) == 1 else 'ies'} created by the loader's processes "
+                    f"outlived it by {check_env.settings.exit_timeout:.0f} s after {ending.replace('_', ' ')} "
+                    f"(unlinked by the suite: {len(unlinked)}): {', '.join(left)}", pytrace=False)

@@ -1,4 +1,4 @@
-"""Start clause: validation, default, bound, build-then-start, unpicklable arguments.
+"""Start clause: validation, default, bound, build-then-start, large and unpicklable arguments.
 
 Concurrency is *observed*: the instrumented context holds every ``start()``
 until the remaining starts of that iterator are in flight (or 1 s passes), so a
@@ -11,7 +11,8 @@ import pytest
 
 from pytest_workerstart import protocol
 from pytest_workerstart.checkenv import batches_of
-from pytest_workerstart.fixtures.datasets import UnpicklableDataset, WorkerTagDataset
+from pytest_workerstart.fixtures.datasets import BigPickleDataset, UnpicklableDataset, WorkerTagDataset
+from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check
 N = 4
@@ -85,3 +86,36 @@ def test_unpicklable_argument(check_env, argument):
     named = re.search(rf"\b{argument}\b", str(held.exc)) is not None
     check_env.assert_clean_around(before, held, f"unpicklable {argument}")
     assert named, f"the error does not name the argument {argument!r}: {message[:400]}"
+
+
+@check("start.large_pickle")
+@pytest.mark.parametrize("mib", [1, 100], ids=lambda m: f"{m}MiB")
+def test_large_pickle(check_env, mib):
+    """A dataset whose pickle is far beyond the 64 KiB pipe buffer (spawn's ``start()``
+    then blocks until the child has read it: pytorch #131931): every worker still
+    starts through the given context, as many at once as the parallelism says, and
+    batches come in order. The start time of each worker is reported."""
+    if check_env.settings.profile == "quick" and mib != 1:
+        pytest.skip("quick profile: the 1 MiB dataset only (100 MiB is pickled once per worker)")
+    p = N if check_env.parallel_start_here else None
+    ctx = check_env.context(N, hold=HOLD)
+    dataset = BigPickleDataset(4 * N, payload_kib=mib * 1024)
+    loader = check_env.make(dataset, num_workers=N, ctx=ctx, parallelism=p)
+    batches = batches_of(loader)
+    recs = ctx.records(0)
+    t0 = min((r.start_begin for r in recs if r.start_begin is not None), default=None)
+    record_measurements(check_env.request.node, pickle_mib=mib, start_s_per_worker={
+        f"w{r.worker}": {"start_s": r.start_duration,
+                         "ready_after_s": None if r.ready is None or t0 is None else r.ready - t0} for r in recs})
+    assert len(recs) == N and all(r.pid for r in recs), (
+        f"{len(recs)} of {N} workers were started through the multiprocessing context the loader was given "
+        f"({check_env.context_name}) with a {mib} MiB dataset pickle")
+    served = [set(b["worker"].tolist()) for b in batches]
+    wrong = [(k, sorted(s)) for k, s in enumerate(served) if s != {k % N}]
+    assert not wrong, f"with a {mib} MiB dataset, batch k must come from worker k mod {N}; mismatches: {wrong[:6]}"
+    got = [int(i) for b in batches for i in b["index"]]
+    assert got == list(range(4 * N)), f"with a {mib} MiB dataset the index stream is {got}, not 0..{4 * N - 1}"
+    want = N if p else 1
+    peak = ctx.peak_concurrent_starts()
+    assert peak == want, (f"with a {mib} MiB dataset pickle {peak} starts were in flight at once "
+                          f"(want {want}{f', the parallelism given' if p else ', no parallelism given'})")

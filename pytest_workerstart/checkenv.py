@@ -16,6 +16,7 @@ import pytest
 from pytest_workerstart.probes.context import InstrumentedContext, warm_forkserver
 from pytest_workerstart.probes.deadline import StepAborted, deadline, memory_limit_bytes, thread_stacks, tree_rss_over
 from pytest_workerstart.probes.faults import FaultPlan
+from pytest_workerstart.probes import leaks
 from pytest_workerstart.probes.leaks import LeakReport, LeakSnapshot
 
 #: How long teardown after a *failure* may take before what is left counts as
@@ -48,6 +49,7 @@ class CheckEnv:
     #: num_workers -> seconds a step that waits on the loader may take (None: unbounded)
     step_timeout: Callable[[int], float | None] = lambda n: None
     _contexts: list = dataclasses.field(default_factory=list)
+    _shm_before: dict = dataclasses.field(default_factory=lambda: leaks.shm_entries())
     #: (step, id, description) of the last error the loader raised inside a bounded
     #: step; never the exception itself, whose traceback would keep the loader alive
     last_step_error: tuple[str, int, str] | None = None
@@ -173,6 +175,16 @@ class CheckEnv:
         return held_only
 
     def close(self) -> None:
+        # What the suite's workers still mapped as they exited and nobody removed: the
+        # loader's leak (leaks.shm_segments judges it), never left on the machine.
+        left: dict[str, int] = {}
+        for ctx in self._contexts:
+            left.update(ctx.shm_at_exit())
+        gone = leaks.unlink_created_since(self._shm_before, left) if left else []
+        if gone:
+            self.request.node.add_report_section(
+                "teardown", "workerstart", f"unlinked {len(gone)} /dev/shm entries the loader's workers left: "
+                + ", ".join(gone))
         for ctx in self._contexts:
             ctx.close()
 

@@ -102,14 +102,20 @@ def workerstart_faults():
 
 @pytest.fixture
 def workerstart_no_leaks(request):
-    """Fails the test with a leak report if it leaves anything behind."""
-    from pytest_workerstart.probes.leaks import LeakSnapshot
+    """Fails the test with a leak report if it leaves anything behind, also ``/dev/shm``
+    entries its processes created and left after they exited (those are unlinked)."""
+    from pytest_workerstart.probes.leaks import LeakSnapshot, ShmWatch
 
     before = LeakSnapshot.take()
-    yield before
+    with ShmWatch() as shm:
+        yield before
     report = LeakSnapshot.wait_clean(before)
-    if report:
-        pytest.fail(f"leaks after {request.node.name}:\n{report.format()}", pytrace=False)
+    left = shm.left()
+    shm.unlink_left()
+    lines = [report.format()] if report else []
+    lines += [f"  /dev/shm (left by an exited process, unlinked): {name}" for name in left if name not in report.shm]
+    if lines:
+        pytest.fail(f"leaks after {request.node.name}:\n" + "\n".join(lines), pytrace=False)
 
 
 @pytest.fixture

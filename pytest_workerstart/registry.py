@@ -74,6 +74,9 @@ CHECKS: dict[str, Check] = {c.id: c for c in (
     Check("start.unpicklable_argument", "a lambda dataset, collate_fn or worker_init_fn under spawn/forkserver "
                                         "raises at iter() or the first next() naming the argument; nothing left",
           contexts=("spawn", "forkserver")),
+    Check("start.large_pickle", "a dataset pickle of 1 MiB and 100 MiB: every worker through the given context, "
+                                "min(p, N) starts at once, batches in order; start time per worker reported",
+          contexts=("spawn", "forkserver")),
     Check("order.registration", "batch k comes from worker k mod N whatever order starts finish in",
           requires=("in_order",)),
     Check("order.worker_seeds", "per-worker seeds do not depend on parallelism or context"),
@@ -94,6 +97,8 @@ CHECKS: dict[str, Check] = {c.id: c for c in (
           requires=("driver_watchdog",), module="test_driver_death"),
     Check("leaks.clean_exit", "nothing leaks after the ordinary ways an epoch ends"),
     Check("leaks.fd_growth", "fds of the driver and of persistent workers stay flat over 20 epochs"),
+    Check("leaks.shm_segments", "no /dev/shm entry the loader's processes created outlives it (exhaustion, "
+                                "early break, a worker error)"),
     Check("persistent.reuse", "persistent workers live as long as the loader",
           requires=("persistent_workers",)),
     Check("prefetch.bound", "in-flight batches never exceed prefetch_factor x num_workers"),

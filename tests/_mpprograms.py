@@ -127,3 +127,16 @@ class SemaphoreChurner:
         with open(self.report_path) as f:
             self.report = json.load(f)
         return False
+
+
+def leave_untracked_segment(path, keep_s=0.2):
+    """Create a shared-memory block, take it off the resource tracker, keep it mapped
+    ``keep_s`` seconds, close it without unlinking: it outlives this process."""
+    from multiprocessing import resource_tracker, shared_memory
+
+    seg = shared_memory.SharedMemory(create=True, size=4096)
+    resource_tracker.unregister(seg._name, "shared_memory")
+    with open(path, "w") as f:
+        f.write(seg.name)
+    time.sleep(keep_s)
+    seg.close()

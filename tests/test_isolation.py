@@ -22,7 +22,7 @@ from tests._mpprograms import SemaphoreChurner
 FAST = ("--workerstart-context=forkserver", "--workerstart-profile=quick")
 #: Checks that count semaphores/shm or kill and unlink (the ones a neighbour could fool).
 ISOLATION_IDS = ("leaks.clean_exit", "failure.interrupt_during_start", "failure.driver_killed",
-                 "failure.parent_start_error", "digest.first_batch")
+                 "failure.parent_start_error", "digest.first_batch", "leaks.shm_segments")
 K = " or ".join(ISOLATION_IDS)
 
 

@@ -390,3 +390,36 @@ def test_state_dict_capability_is_detected_from_the_class():
     assert protocol.resolve("reference").has("state_dict")
     assert not protocol.resolve("torch").has("state_dict")
     assert not protocol.resolve("torchdata", capability_overrides={"state_dict": "false"}).has("state_dict")
+
+
+def test_no_leaks_marker_reports_a_segment_an_exited_child_left(pytester):
+    """The marker's end snapshot cannot attribute a block whose creator has exited; its
+    /dev/shm watch can, and unlinks it."""
+    pytester.makepyfile(test_leaves='''
+import multiprocessing
+import time
+
+import pytest
+
+
+def leave():
+    from multiprocessing import resource_tracker, shared_memory
+
+    seg = shared_memory.SharedMemory(create=True, size=4096)
+    resource_tracker.unregister(seg._name, "shared_memory")
+    time.sleep(0.2)
+    seg.close()
+
+
+@pytest.mark.workerstart_no_leaks
+def test_leaves():
+    p = multiprocessing.get_context("spawn").Process(target=leave)
+    p.start()
+    p.join()
+    assert p.exitcode == 0
+''')
+    before = set(os.listdir("/dev/shm"))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, errors=1)  # the marker fails the test at teardown
+    result.stdout.fnmatch_lines(["*/dev/shm (left by an exited process, unlinked): psm_*"])
+    assert not {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("psm_")}

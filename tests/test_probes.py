@@ -10,7 +10,7 @@ import pytest
 from pytest_workerstart.probes import digest as dg
 from pytest_workerstart.probes.context import InstrumentedContext
 from pytest_workerstart.probes.faults import FaultPlan, InjectedStartError
-from pytest_workerstart.probes.leaks import LeakSnapshot
+from pytest_workerstart.probes.leaks import LeakSnapshot, ShmWatch
 from pytest_workerstart.probes.runner import run_scenario
 
 from . import _mpprograms as progs
@@ -76,6 +76,64 @@ def test_leak_snapshot_is_patient():
 
 
 # --- instrumented context --------------------------------------------------------
+
+
+_ORPHAN = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from tests import _mpprograms as progs
+import psutil
+while {test_pid} in [p.pid for p in psutil.Process().parents()]:  # until re-parented: outside the tree
+    time.sleep(0.01)
+progs.leave_untracked_segment({path!r}, keep_s=1.0)
+"""
+
+
+def test_shm_watch_attributes_what_its_tree_left_and_nothing_else(tmp_path):
+    """A short-lived child's untracked block is seen (inotify wakes the watch: its clock
+    is set to 10 s) and is left; a block that existed before, and an orphan's block
+    (outside the tree), are never counted."""
+    import subprocess
+    import sys
+    from multiprocessing import shared_memory
+
+    before = shared_memory.SharedMemory(create=True, size=4096)
+    orphan_name = tmp_path / "orphan"
+    try:
+        with ShmWatch(interval=10.0) as watch:
+            before.buf[0] = 1  # mapped by this process all along: still not ours
+            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            subprocess.run(["sh", "-c", f"{sys.executable} -c \"$0\" &",
+                            _ORPHAN.format(root=root, path=str(orphan_name), test_pid=os.getpid())], check=True)
+            child = multiprocessing.get_context("spawn").Process(
+                target=progs.leave_untracked_segment, args=(str(tmp_path / "child"),))
+            child.start()
+            child.join()
+            deadline = time.monotonic() + 60
+            while not orphan_name.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.3)  # the orphan's block exists and is mapped meanwhile
+        ours = (tmp_path / "child").read_text()
+        theirs = orphan_name.read_text()
+        assert watch.left() == [ours], (watch.seen, ours, theirs)
+        assert before.name not in watch.seen and theirs not in watch.seen
+        assert watch.unlink_left() == [ours] and not os.path.exists(f"/dev/shm/{ours}")
+        assert os.path.exists(f"/dev/shm/{theirs}"), "the watch must never touch another process tree's entry"
+    finally:
+        before.close()
+        before.unlink()
+        if (tmp_path / "child").exists():
+            try:
+                os.unlink(f"/dev/shm/{(tmp_path / 'child').read_text()}")
+            except OSError:
+                pass
+        if orphan_name.exists():
+            time.sleep(1.2)
+            try:
+                os.unlink(f"/dev/shm/{orphan_name.read_text()}")
+            except OSError:
+                pass
+
 
 
 @pytest.mark.parametrize("p", [1, 2, 4])

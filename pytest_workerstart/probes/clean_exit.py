@@ -19,7 +19,8 @@ from pytest_workerstart.probes.runner import ScenarioResult, run_scenario
 
 @dataclasses.dataclass
 class CleanExit:
-    """How the interpreter ended: status of the callable, exit status, stderr, leftovers."""
+    """How the interpreter ended: status of the callable, exit status, stderr, leftover
+    processes and ``/dev/shm`` entries."""
 
     result: ScenarioResult
 
@@ -30,6 +31,10 @@ class CleanExit:
     @property
     def leftovers(self) -> list[str]:
         return self.result.leftovers
+
+    @property
+    def shm_left(self) -> list[str]:
+        return self.result.shm_left
 
     def problems(self) -> list[str]:
         """One line per way the exit was not clean (empty: it was)."""
@@ -44,6 +49,9 @@ class CleanExit:
             out.append(f"stderr is not empty ({len(lines)} lines): " + " | ".join(lines[:6])[:600])
         if r.leftovers:
             out.append(f"{len(r.leftovers)} processes outlived the interpreter: " + "; ".join(r.leftovers)[:600])
+        if r.shm_left:
+            out.append(f"{len(r.shm_left)} /dev/shm entries its processes created outlived it (unlinked by the "
+                       "suite): " + ", ".join(r.shm_left)[:600])
         return out
 
 

@@ -162,7 +162,14 @@ class _InstrumentedProcessMixin:
         self._ws_emit("ready")
         for fault in self._ws_faults:
             _faults.apply_child_fault(fault)
-        super().run()
+        try:
+            super().run()
+        finally:
+            # what the worker still maps when its target returns or raises: a segment it
+            # leaves behind is mapped by no one later (see probes.leaks.ShmWatch)
+            from pytest_workerstart.probes.leaks import shm_entries_mapped_by
+
+            self._ws_emit("exit", shm=shm_entries_mapped_by([os.getpid()]))
 
     def _ws_arm_stack_dump(self) -> None:
         """SIGUSR1 writes every thread's stack to ``stacks-PID.txt`` beside the event log
@@ -178,12 +185,12 @@ class _InstrumentedProcessMixin:
         except (OSError, ValueError, RuntimeError):
             pass
 
-    def _ws_emit(self, event: str) -> None:
+    def _ws_emit(self, event: str, **extra) -> None:
         self._ws_booted = True
         if not self._ws_log:
             return
         line = json.dumps({"g": self._ws_key[0], "w": self._ws_key[1], "ev": event,
-                           "pid": os.getpid(), "t": time.monotonic()})
+                           "pid": os.getpid(), "t": time.monotonic(), **extra})
         try:
             fd = os.open(self._ws_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
@@ -301,6 +308,22 @@ class InstrumentedContext(BaseContext):
                 if rec is not None and ev["ev"] in ("boot", "ready"):
                     setattr(rec, ev["ev"], ev["t"])
                     rec.pid = rec.pid or ev["pid"]
+
+    def shm_at_exit(self) -> dict[str, int]:
+        """``/dev/shm`` entries (name -> inode) the workers mapped or held open as they exited."""
+        out: dict[str, int] = {}
+        try:
+            lines = self.log_path.read_text().splitlines()
+        except FileNotFoundError:
+            return out
+        for line in lines:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if ev.get("ev") == "exit":
+                out.update({str(k): int(v) for k, v in (ev.get("shm") or {}).items()})
+        return out
 
     def peak_concurrent_starts(self, generation: int = 0) -> int:
         return self._recorder.peak.get(generation, 0)

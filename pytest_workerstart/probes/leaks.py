@@ -24,7 +24,7 @@ import os
 import re
 import threading
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 import psutil
 
@@ -100,31 +100,140 @@ def _shm_inodes_of(pid: int | str) -> set[int]:
     return inodes
 
 
+def shm_entries() -> dict[str, int]:
+    """Every ``/dev/shm`` entry, name -> inode."""
+    out: dict[str, int] = {}
+    try:
+        entries = os.listdir("/dev/shm")
+    except FileNotFoundError:
+        return out
+    for name in entries:
+        try:
+            out[name] = os.stat(f"/dev/shm/{name}").st_ino
+        except OSError:
+            continue
+    return out
+
+
 def attributed_shm(pids: Iterable[int | str]) -> set[str]:
-    """Existing ``/dev/shm`` entries that any of ``pids`` maps or holds open.
+    """Existing ``/dev/shm`` entries of the names multiprocessing and torch use
+    that any of ``pids`` maps or holds open.
 
     An entry mapped but already unlinked (torch's file_descriptor strategy
     unlinks at once) is no /dev/shm entry and is not returned.
     """
+    return {name for name in shm_entries_mapped_by(pids) if SHM_PATTERN.match(name)}
+
+
+def shm_entries_mapped_by(pids: Iterable[int | str]) -> dict[str, int]:
+    """Existing ``/dev/shm`` entries of any name (name -> inode) that any of ``pids`` maps or holds open."""
     inodes: set[int] = set()
     for pid in pids:
         inodes |= _shm_inodes_of(pid)
     if not inodes:
-        return set()
-    names = set()
-    try:
-        entries = os.listdir("/dev/shm")
-    except FileNotFoundError:
-        return set()
-    for name in entries:
-        if not SHM_PATTERN.match(name):
-            continue
+        return {}
+    return {name: ino for name, ino in shm_entries().items() if ino in inodes}
+
+
+class ShmWatch:
+    """The ``/dev/shm`` entries a process tree creates while a block runs, and which outlive it.
+
+    The tree (``root``, by default this process, and its descendants, helpers
+    included: this process's forkserver works for the loader) is sampled every ``interval``
+    from a thread, and at once whenever an entry appears in ``/dev/shm``
+    (inotify): an entry created during the block that any member maps or
+    holds open at a sample is the tree's. Snapshots at the end cannot see
+    these: a worker that created a segment and exited maps nothing any more.
+    Workers started through the suite's context also report what they map
+    as they exit (:meth:`note`). Entries present before the block are never
+    counted, whoever maps them; one unmapped within the moment between its
+    creation and the sample that follows, by a process that does not report
+    at exit, is not seen.
+    """
+
+    def __init__(self, interval: float = 0.05, root: int | None = None,
+                 also: "Callable[[], Iterable[int]] | None" = None, eager: bool = True):
+        self.interval = interval
+        self.eager = eager  # also sample whenever an entry appears (False: on the clock only)
+        self.root = root  # the tree's root pid (default: this process)
+        self.also = also  # more members, e.g. a scenario's session, orphans included
+        self.seen: dict[str, int] = {}
+        self._before: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        pids = [self.root or os.getpid()]
         try:
-            if os.stat(f"/dev/shm/{name}").st_ino in inodes:
-                names.add(name)
-        except OSError:
-            continue
-    return names
+            pids += [c.pid for c in psutil.Process(pids[0]).children(recursive=True)]
+        except psutil.Error:
+            pass
+        if self.also is not None:
+            pids += list(self.also())
+        self.note(shm_entries_mapped_by(pids))
+
+    def note(self, entries: dict[str, int]) -> None:
+        """Attribute ``entries`` (name -> inode) seen by other means, e.g. what the suite's
+        workers mapped when they exited (:meth:`InstrumentedContext.shm_at_exit`)."""
+        with self._lock:
+            for name, ino in entries.items():
+                if self._before.get(name) != ino:
+                    self.seen[name] = ino
+
+    def _run(self) -> None:
+        notify = None
+        if self.eager:
+            try:
+                from inotify_simple import INotify, flags
+
+                notify = INotify()
+                notify.add_watch("/dev/shm", flags.CREATE | flags.MOVED_TO)
+            except OSError:  # no inotify (or no /dev/shm): samples on the clock only
+                notify = None
+        try:
+            while not self._stop.is_set():
+                if notify is None:
+                    self._stop.wait(self.interval)
+                else:
+                    notify.read(timeout=int(self.interval * 1000))  # wakes as soon as an entry appears
+                self._sample()
+        finally:
+            if notify is not None:
+                notify.close()
+
+    def __enter__(self) -> "ShmWatch":
+        self._before = shm_entries()
+        self._thread = threading.Thread(target=self._run, name="workerstart-shm-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample()
+
+    def left(self, timeout: float = 0.0) -> list[str]:
+        """Seen entries that still exist (same inode), polled until none or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            now = shm_entries()
+            left = sorted(n for n, ino in self.seen.items() if now.get(n) == ino)
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.1)
+
+    def unlink_left(self) -> list[str]:
+        """Unlink what :meth:`left` reports (ours by attribution, never another job's)."""
+        gone = []
+        for name in self.left():
+            try:
+                os.unlink(f"/dev/shm/{name}")
+                gone.append(name)
+            except OSError:
+                continue
+        return gone
 
 
 def _fd_kind(target: str) -> str:
@@ -307,3 +416,18 @@ def kill_tree(procs: Iterable[ProcInfo], timeout: float = 3.0) -> list[ProcInfo]
             continue
     psutil.wait_procs(alive, timeout=timeout)
     return [i for i in procs if i.pid in {p.pid for p in alive}]
+
+
+def unlink_created_since(before: dict[str, int], entries: dict[str, int]) -> list[str]:
+    """Unlink those of ``entries`` (attributed to our tree, name -> inode) that still
+    exist with that inode and did not exist so in ``before``; the names unlinked."""
+    now = shm_entries()
+    gone = []
+    for name, ino in sorted(entries.items()):
+        if now.get(name) == ino and before.get(name) != ino:
+            try:
+                os.unlink(f"/dev/shm/{name}")
+                gone.append(name)
+            except OSError:
+                continue
+    return gone

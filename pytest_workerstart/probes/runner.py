@@ -40,6 +40,8 @@ class ScenarioResult:
     duration_s: float = 0.0
     stderr: str = ""
     leftovers: list[str] = dataclasses.field(default_factory=list)
+    #: /dev/shm entries the scenario's tree created and left (unlinked by the runner)
+    shm_left: list[str] = dataclasses.field(default_factory=list)
 
     def one_line(self) -> str:
         if self.status == "ok":
@@ -62,6 +64,8 @@ class ScenarioResult:
             parts.append("--- stderr (tail) ---\n" + self.stderr[-4000:])
         if self.leftovers:
             parts.append("--- left behind, killed by the runner ---\n" + "\n".join(self.leftovers))
+        if self.shm_left:
+            parts.append("--- /dev/shm entries left behind, unlinked by the runner ---\n" + "\n".join(self.shm_left))
         return "\n".join(parts)
 
 
@@ -89,15 +93,19 @@ def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None 
 
 def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 120.0,
                  env: dict[str, str] | None = None, dump_grace: float = 2.0,
-                 memory_limit: int | None = None, exit_grace: float = 0.0) -> ScenarioResult:
+                 memory_limit: int | None = None, exit_grace: float = 0.0, measuring: bool = False) -> ScenarioResult:
     """Run ``target(**kwargs)`` in a fresh interpreter; kill it and its tree after
     ``timeout`` s (status ``hang``, with stacks) or once their resident memory
     passes ``memory_limit`` bytes (default: half of this machine's; status ``memory``).
+    ``/dev/shm`` entries its tree created and left are unlinked and listed in ``shm_left``
+    (``measuring``: a timed run; the tree is then sampled once a second only, so
+    that the watch costs the measurement nothing).
 
     ``exit_grace``: once the interpreter has exited, how long what it started
     (workers, a forkserver, the resource tracker, which prints its leak warnings
     then) may take to go by itself; only what is still there counts as ``leftovers``."""
     from pytest_workerstart.probes.deadline import GUARD_EVERY_S, memory_limit_bytes, tree_rss_over
+    from pytest_workerstart.probes.leaks import ShmWatch
 
     workdir = Path(tempfile.mkdtemp(prefix="workerstart-scenario-"))
     result_path = workdir / "result.json"
@@ -106,6 +114,9 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     proc = launch(workdir, target, kwargs or {}, env)
     leader_ctime = reaper.register_session(proc.pid)
     guard = tree_rss_over(memory_limit or memory_limit_bytes(None), root=proc.pid)
+    shm = ShmWatch(interval=1.0 if measuring else 0.1, eager=not measuring, root=proc.pid,
+                   # the session too: workers outlive a killed driver
+                   also=lambda: [p.pid for p in reaper.session_members(proc.pid, leader_ctime)]).__enter__()
     stacks = None
     status = memory = None
     try:
@@ -122,6 +133,8 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     except BaseException:  # Ctrl-C (or pytest-timeout) while waiting: take the scenario down with us
         reaper.kill_session(proc.pid, leader_ctime=leader_ctime)
         reaper.unregister_session(proc.pid)
+        shm.__exit__(None, None, None)
+        shm.unlink_left()
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     if status is not None:
@@ -138,6 +151,7 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
         while reaper.session_members(proc.pid, leader_ctime) and time.monotonic() < deadline:
             time.sleep(0.1)
     leftovers = reaper.kill_session(proc.pid, leader_ctime=leader_ctime)
+    shm.__exit__(None, None, None)
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
@@ -160,6 +174,7 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     res.duration_s = duration
     res.stderr = stderr
     res.leftovers = leftovers
+    res.shm_left = shm.unlink_left()
     return res
 
 

@@ -241,7 +241,7 @@ def run_trials(configs: dict[str, dict], trials: int, timeout: float = 600.0,
     results: dict[str, list[dict]] = {name: [] for name in configs}
     order = alternated(list(configs), trials)
     for i, name in enumerate(order, 1):
-        res = run_scenario(f"{__name__}:trial", configs[name], timeout=timeout, env=env)
+        res = run_scenario(f"{__name__}:trial", configs[name], timeout=timeout, env=env, measuring=True)
         if res.status != "ok":
             if not keep_going:
                 raise RuntimeError(f"trial {i} ({name}) failed: {res.details()}")
