@@ -10,12 +10,15 @@ Checks whose loader might hang or take the driver down (child faults,
 SIGINT) run in a fresh interpreter under the scenario runner's hard timeout.
 """
 
+import re
+
 import pytest
 import torch
 
 from pytest_workerstart import scenarios
 from pytest_workerstart.fixtures.datasets import WorkerTagDataset
 from pytest_workerstart.checkenv import batches_of
+from pytest_workerstart.probes.clean_exit import CleanExit
 from pytest_workerstart.probes.faults import (FaultPlan, InjectedStartError, InjectedWorkerInitError, exception_chain,
                                               position_to_worker)
 
@@ -141,3 +144,44 @@ def test_child_hang_during_start(check_env):
 def test_interrupt_during_start(check_env):
     out = _scenario(check_env, "interrupt", worker=1, num_workers=N, parallelism=N if check_env.parallel_start_here else None)
     scenarios.judge_interrupt(out, strict=check_env.settings.strict)
+
+
+#: what an error after the forkserver died must say: that it, or the workers, are gone
+SAYS_DIED = re.compile(r"forkserver|fork server|exited|died|dead|killed|terminated|no longer (alive|running)", re.I)
+
+
+@check("failure.forkserver_died")
+@pytest.mark.parametrize("iterators", ["fresh", "persistent"])
+def test_forkserver_died(check_env, iterators):
+    """The forkserver is killed between two epochs (in a scenario interpreter: the
+    suite's own server stays): the next epoch is the truth, or an error that says the
+    server or the workers died, within the step bound, and nothing is left after exit."""
+    persistent = iterators == "persistent"
+    if persistent and not check_env.loader.has("persistent_workers"):
+        pytest.skip("loader does not declare capability 'persistent_workers'")
+    bound = check_env.step_timeout(2) or 120.0
+    n = 2
+    res = scenarios.run(check_env.loader, check_env.context_name, "forkserver_died", timeout=bound + 30,
+                        memory_limit=check_env.memory_limit, exit_grace=check_env.settings.exit_timeout,
+                        persistent=persistent, num_workers=n, parallelism=n if check_env.parallel_start_here else None)
+    if res.status == "hang":
+        pytest.fail(f"after the forkserver was killed, the next epoch neither worked nor raised within "
+                    f"{bound + 30:.0f} s, the step bound {bound:.0f} s + 30 s for the first epoch ({iterators} iterators)\n{res.details()}", pytrace=False)
+    if res.status != "ok":
+        pytest.fail(res.details(), pytrace=False)
+    out = res.value
+    if not out["servers"]:
+        pytest.skip("the loader started no forkserver process of its own or multiprocessing's under forkserver")
+    truth = list(range(4 * n))
+    assert out["first"] == truth, f"the first epoch gave {out['first']}, not {truth}"
+    if "error" in out:
+        assert SAYS_DIED.search(out["error"]), (
+            f"after the forkserver was killed the next epoch raised an error that does not say the server or its "
+            f"workers died ({iterators} iterators): {out['error'][:400]}")
+    else:
+        assert out["second"] == truth, f"after the forkserver was killed the next epoch gave {out['second']}, not {truth}"
+    assert out["elapsed_s"] <= bound, (
+        f"after the forkserver was killed the next epoch took {out['elapsed_s']:.1f} s to "
+        f"{'fail' if 'error' in out else 'end'}, above the step bound {bound:.1f} s ({iterators} iterators)")
+    problems = [p for p in CleanExit(res).problems() if "stderr" not in p]
+    assert not problems, f"after the forkserver was killed ({iterators} iterators): " + "; ".join(problems)

@@ -93,6 +93,8 @@ CHECKS: dict[str, Check] = {c.id: c for c in (
     Check("failure.child_hang_during_start", "a worker hanging during boot is timed out, naming it",
           requires=("timeout",)),
     Check("failure.interrupt_during_start", "Ctrl-C while workers start leaves nothing"),
+    Check("failure.forkserver_died", "the forkserver killed between epochs: the next epoch works or raises saying "
+                                     "so, within the step bound; nothing left", contexts=("forkserver",)),
     Check("failure.driver_killed", "nothing the driver started outlives it",
           requires=("driver_watchdog",), module="test_driver_death"),
     Check("leaks.clean_exit", "nothing leaks after the ordinary ways an epoch ends"),
