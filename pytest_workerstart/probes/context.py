@@ -36,6 +36,8 @@ class WorkerRecord:
     generation: int
     constructed: float | None = None
     start_begin: float | None = None
+    #: when the context's hold (``hold_for_overlap``) let the start proceed
+    start_released: float | None = None
     start_end: float | None = None
     start_error: str | None = None
     pid: int | None = None
@@ -48,6 +50,13 @@ class WorkerRecord:
         if self.start_begin is None or self.start_end is None:
             return None
         return self.start_end - self.start_begin
+
+    @property
+    def start_duration_unheld(self) -> float | None:
+        """The start's own duration, without the context's hold."""
+        if self.start_released is None or self.start_end is None:
+            return None
+        return self.start_end - self.start_released
 
 
 class _Recorder:
@@ -93,6 +102,7 @@ class _Recorder:
                     if left <= 0:
                         break
                     self.cond.wait(left)
+            self.records[key].start_released = time.monotonic()
 
     def end(self, key: tuple[int, int], pid: int | None, error: BaseException | None) -> None:
         gen = key[0]
