@@ -11,6 +11,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 VERDICTS = [RESULTS / f"{name}.json" for name in ("reference", "torch", "torchdata")]
 THIRD_PARTY = [RESULTS / f"{name}.json"
                for name in ("monai-dataloader", "monai-threaddataloader", "litdata", "mosaic-streaming")]
+NEW_CLAUSES = [RESULTS / "new-clauses" / f"{name}.json" for name in ("reference", "torch", "torchdata")]
 
 
 def test_table_renders_the_committed_verdicts():
@@ -23,6 +24,12 @@ def test_third_party_table_renders_the_committed_verdicts():
     assert (RESULTS / "third-party.md").read_text() == render(THIRD_PARTY), (
         "regenerate: python -m pytest_workerstart.results_table docs/results/{monai-dataloader,"
         "monai-threaddataloader,litdata,mosaic-streaming}.json > docs/results/third-party.md")
+
+
+def test_new_clauses_table_renders_the_committed_verdicts():
+    assert (RESULTS / "new-clauses.md").read_text() == render(NEW_CLAUSES), (
+        "regenerate: python -m pytest_workerstart.results_table docs/results/new-clauses/{reference,torch,"
+        "torchdata}.json > docs/results/new-clauses.md")
 
 
 def test_third_party_verdicts_are_complete_and_against_torch():
