@@ -10,7 +10,9 @@ this process's descendants, keyed by (pid, create time). A ``/dev/shm`` entry
 (named semaphore, torch or POSIX shared memory) is ours only while a process
 of that tree maps it (``/proc/PID/maps``) or holds it open (``/proc/PID/fd``):
 entries of other jobs on the machine, even ones created meanwhile, are never
-counted, and nothing here ever unlinks one.
+counted, and nothing here ever unlinks one. An entry whose creator has exited
+is mapped by no one: :class:`ShmWatch` attributes those while the tree runs,
+and unlinks only what it attributed.
 
 ``wait_clean`` polls until the diff is empty or ``timeout`` passes (as loky and
 CPython's ``test.support`` do) so slow-but-correct teardown is not a false alarm.
