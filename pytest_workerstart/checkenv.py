@@ -177,9 +177,10 @@ class CheckEnv:
     def close(self) -> None:
         # What the suite's workers still mapped as they exited and nobody removed: the
         # loader's leak (leaks.shm_segments judges it), never left on the machine.
+        # Named semaphores stay: the resource tracker owns their names and unlinks them.
         left: dict[str, int] = {}
         for ctx in self._contexts:
-            left.update(ctx.shm_at_exit())
+            left.update({n: i for n, i in ctx.shm_at_exit().items() if not n.startswith("sem.")})
         gone = leaks.unlink_created_since(self._shm_before, left) if left else []
         if gone:
             self.request.node.add_report_section(

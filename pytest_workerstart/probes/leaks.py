@@ -228,14 +228,7 @@ class ShmWatch:
 
     def unlink_left(self) -> list[str]:
         """Unlink what :meth:`left` reports (ours by attribution, never another job's)."""
-        gone = []
-        for name in self.left():
-            try:
-                os.unlink(f"/dev/shm/{name}")
-                gone.append(name)
-            except OSError:
-                continue
-        return gone
+        return unlink_created_since(self._before, self.seen)
 
 
 def _fd_kind(target: str) -> str:
