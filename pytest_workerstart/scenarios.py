@@ -178,8 +178,6 @@ def _forkservers() -> list:
 def scenario_forkserver_died(loader: dict, context: str, persistent: bool, num_workers: int,
                              parallelism: int | None) -> dict[str, Any]:
     """One epoch, SIGKILL to the forkserver, then the next epoch (timed; its hang is the runner's)."""
-    import psutil
-
     from pytest_workerstart.fixtures.datasets import WorkerTagDataset
 
     under_test = rebuild(loader, context)
