@@ -35,15 +35,22 @@ import pytest
 from pytest_workerstart import scenarios
 from pytest_workerstart.probes import foreign_cpu
 from pytest_workerstart.probes.timing import derived_startup_threshold, paired_ratio, run_trials, summarize, usable_cores
+from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check
 N = 4
 TRIALS = 3
 PER_CLASS = 200  # 2,000 images
-# Steady state: the median ratio may fall short of 1 by the noise band measured in
-# this run (the larger relative p10-p90 spread of the two configurations),
-# clamped so that the check neither flakes on a quiet machine nor stops biting.
-STEADY_BAND = (0.06, 0.12)
+# Steady state, judged twice over the same warm window. Wall clock: samples/s
+# with p=N may fall short of p=1's by the noise measured in this run (the larger
+# relative p10-p90 spread of the two configurations), clamped: below, so that
+# identical code never flakes; above, so that a loader that loses half its
+# parallelism fails however noisy the trials (a bursty neighbour the busy guard
+# lets through spread p=1's trials by 30 % in CI). CPU: the process tree's CPU
+# seconds per sample, which other load barely moves, may exceed p=1's by its own
+# clamped spread: what catches work added to every item.
+STEADY_BAND = (0.06, 0.25)
+STEADY_CPU_BAND = (0.06, 0.15)
 STEADY_BATCHES = 120  # steady state: batches 2N+1..120 ("warm": every worker has delivered twice)
 MEMORY_MAX = 1.10
 _CACHE: dict[tuple, dict] = {}
@@ -119,25 +126,48 @@ def test_startup(check_env):
     sooner: a loader that returns from iter() at once and boots its workers one
     by one in the background wins the first but not the second."""
     m = _measure(check_env)
+    record_measurements(check_env.request.node, **{
+        metric: {"w1": m["w1"][metric], "p1": m["p1"][metric], f"p{N}": m["pN"][metric]}
+        for metric in ("time_to_first_batch_s", "time_to_all_workers_s")})
     problems = [p for p in (_startup_ratio(check_env, m, "time_to_first_batch_s", "time to first batch"),
                             _startup_ratio(check_env, m, "time_to_all_workers_s",
                                            "time until every worker has delivered a batch")) if p]
     assert not problems, "\n".join(problems)
 
 
+def _steady_problem(a, b, band_range, higher_is_better: bool, what: str) -> str | None:
+    """p=N's trials ``b`` against p=1's ``a``; the failure text, or None.
+
+    Fails only when both the ratio of medians and the median of the alternated
+    pairs' ratios (which cancels drift that slows both members of a pair: on this
+    VM a slow minute inflates CPU time as much as wall time) are outside the band."""
+    cmp = paired_ratio(b, a)
+    ratio, paired = cmp["ratio_of_medians"], cmp["median_pair_ratio"]
+    sa, sb = summarize(a), summarize(b)
+    spread = max((s["p90"] - s["p10"]) / s["median"] for s in (sa, sb))
+    band = min(max(spread, band_range[0]), band_range[1])
+    inside = (lambda r: r >= 1 - band) if higher_is_better else (lambda r: r <= 1 + band)
+    if inside(ratio) or inside(paired):
+        return None
+    bound = f"below 1 - {band:.3f}" if higher_is_better else f"above 1 + {band:.3f}"
+    return (f"steady-state {what} with p={N} is {ratio:.3f}x that of p=1 (paired median {paired:.3f}x), {bound} "
+            f"(noise band: trial spread {spread:.3f} in this run, clamped to {band_range}): p=1 {sa}, p={N} {sb}")
+
+
 @check("speed.steady_state")
 def test_steady_state(check_env):
     m = _measure(check_env)
+    record_measurements(check_env.request.node, **{
+        metric: {"p1": m["p1"][metric], f"p{N}": m["pN"][metric]}
+        for metric in ("warm_samples_per_s", "warm_cpu_s_per_sample")})
     # Warm window: a loader that defers starts still boots workers during the
     # first batches, which serial start did before its first batch.
-    a, b = m["p1"]["warm_samples_per_s"], m["pN"]["warm_samples_per_s"]
-    ratio = paired_ratio(b, a)["ratio_of_medians"]
-    sa, sb = summarize(a), summarize(b)
-    spread = max((s["p90"] - s["p10"]) / s["median"] for s in (sa, sb))
-    band = min(max(spread, STEADY_BAND[0]), STEADY_BAND[1])
-    assert ratio >= 1 - band, (
-        f"steady-state samples/s with p={N} is {ratio:.3f}x that of p=1, below 1 - {band:.3f} "
-        f"(noise band: trial spread {spread:.3f} in this run, clamped to {STEADY_BAND}): p=1 {sa}, p={N} {sb}")
+    problems = [p for p in (
+        _steady_problem(m["p1"]["warm_samples_per_s"], m["pN"]["warm_samples_per_s"], STEADY_BAND, True,
+                        "samples/s"),
+        _steady_problem(m["p1"]["warm_cpu_s_per_sample"], m["pN"]["warm_cpu_s_per_sample"], STEADY_CPU_BAND,
+                        False, "CPU seconds per sample (driver and workers)")) if p]
+    assert not problems, "\n".join(problems)
 
 
 @check("speed.memory")

@@ -160,39 +160,25 @@ def judge_child_fault(out: dict, worker: int, timeout: float | None = None) -> N
 # --- Ctrl-C while workers start ------------------------------------------------
 
 
-def _forkservers() -> list:
-    """This process's forkserver(s): direct children whose command line says so (the
-    workers of a forkserver are its children, not ours)."""
-    import psutil
-
-    out = []
-    for p in psutil.Process().children():
-        try:
-            if "forkserver" in " ".join(p.cmdline()):
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
-
-
 def scenario_forkserver_died(loader: dict, context: str, persistent: bool, num_workers: int,
                              parallelism: int | None) -> dict[str, Any]:
     """One epoch, SIGKILL to the forkserver, then the next epoch (timed; its hang is the runner's)."""
     from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+    from pytest_workerstart.probes.leaks import alive, helpers
 
     under_test = rebuild(loader, context)
     kw = {"persistent_workers": True} if persistent else {}
     dl = under_test.make(WorkerTagDataset(4 * num_workers), num_workers=num_workers, multiprocessing_context=context,
                          parallelism=parallelism, batch_size=2, **kw)
     out: dict[str, Any] = {"first": [int(i) for b in dl for i in b["index"]]}
-    servers = _forkservers()
+    servers = helpers("multiprocessing.forkserver")
     out["servers"] = [p.pid for p in servers]
     for p in servers:
         p.kill()
     # Dead but not reaped: multiprocessing's ensure_running() waitpid()s its own server to
     # learn that it died; reaping it here would make that fail, by the test's fault.
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(p) for p in servers):
+    while time.monotonic() < deadline and any(alive(p) for p in servers):
         time.sleep(0.02)
     t0 = time.monotonic()
     try:
@@ -203,15 +189,6 @@ def scenario_forkserver_died(loader: dict, context: str, persistent: bool, num_w
     del dl
     gc.collect()
     return out
-
-
-def _alive(p) -> bool:
-    import psutil
-
-    try:
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def scenario_interrupt(loader: dict, context: str, worker: int, num_workers: int,

@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 
 from pytest_workerstart.probes import reaper
-from pytest_workerstart.probes.leaks import ProcInfo, attributed_shm, kill_tree
+from pytest_workerstart.probes.leaks import ProcInfo, alive, attributed_shm, kill_tree
 from pytest_workerstart.probes.reaper import kill_session, session_members
 from pytest_workerstart.probes.runner import launch
 
@@ -58,7 +58,7 @@ def _existing(names: set[str]) -> list[str]:
 def _alive(info: ProcInfo) -> bool:
     try:
         p = psutil.Process(info.pid)
-        return abs(p.create_time() - info.create_time) < 0.01 and p.status() != psutil.STATUS_ZOMBIE
+        return abs(p.create_time() - info.create_time) < 0.01 and alive(p)
     except psutil.Error:
         return False
 

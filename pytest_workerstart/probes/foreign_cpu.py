@@ -18,8 +18,9 @@ import psutil
 BUSY_SHARE = 0.25
 
 
-def _ours() -> float:
-    """CPU seconds of this process, its reaped children and its live descendants."""
+def tree_cpu_s() -> float:
+    """CPU seconds of this process, its reaped children and its live descendants
+    (what a speed trial charges its loader, and what is not foreign here)."""
     me = psutil.Process()
     t = me.cpu_times()
     total = t.user + t.system + t.children_user + t.children_system
@@ -46,14 +47,14 @@ class ForeignCPU:
 
     def __enter__(self) -> "ForeignCPU":
         self.cpus = psutil.cpu_count() or 1
-        self._t0, self._m0, self._o0 = time.monotonic(), _machine(), _ours()
+        self._t0, self._m0, self._o0 = time.monotonic(), _machine(), tree_cpu_s()
         return self
 
     def __exit__(self, *exc) -> None:
         wall = max(time.monotonic() - self._t0, 1e-6)
         # live descendants that exited meanwhile and were not reaped by us are lost
         # from "ours" and counted as foreign: the estimate errs towards "busy"
-        foreign = (_machine() - self._m0) - (_ours() - self._o0)
+        foreign = (_machine() - self._m0) - (tree_cpu_s() - self._o0)
         self.share = max(0.0, foreign / (wall * self.cpus))
 
     @property

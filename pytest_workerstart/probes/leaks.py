@@ -53,6 +53,26 @@ def _is_helper(proc: psutil.Process) -> bool:
     return any(m in cmd for m in HELPER_MARKERS)
 
 
+def helpers(marker: str | None = None) -> list[psutil.Process]:
+    """This process's helpers (:data:`HELPER_MARKERS`, or only ``marker``'s), e.g. its forkservers."""
+    out = []
+    for proc in psutil.Process().children():
+        try:
+            if _is_helper(proc) and (marker is None or marker in " ".join(proc.cmdline())):
+                out.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+def alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie (a killed child nobody reaped yet counts as gone)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def helper_fds() -> set[int]:
     """fds the driver holds for the shared resource tracker and forkserver.
 

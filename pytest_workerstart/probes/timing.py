@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from pytest_workerstart.probes.cores import usable_cores  # noqa: F401 - part of the timing probe
+from pytest_workerstart.probes.foreign_cpu import tree_cpu_s
 from pytest_workerstart.probes.runner import run_scenario
 
 
@@ -165,20 +166,25 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
                 all_workers = now - t1 - (t4 - t3)  # without the PSS sampling pause
         if n + 1 == warm_from:
             note_peaks()  # a few /proc reads, before the throughput window begins
+            cpu_warm = (samples, tree_cpu_s())
         if n + 1 >= max_batches:
             break
     t5 = time.perf_counter()
+    cpu_end = tree_cpu_s()
     pss2 = tree_pss()
     note_peaks()
     del it, dl
     warm = [a for a in arrivals if a[0] >= warm_from]
-    warm_rate = None
+    warm_rate = warm_cpu = None
     if len(warm) >= 3:
         warm_rate = (warm[-1][1] - warm[0][1]) / (warm[-1][2] - warm[0][2])
+        # the whole tree's CPU per sample over the same window: what a machine pays
+        # for the loader's steady state whatever else runs beside it
+        warm_cpu = (cpu_end - cpu_warm[1]) / (samples - cpu_warm[0])
     return {
         "constructor_s": t1 - t0, "iterator_creation_s": t2 - t1, "time_to_first_batch_s": t3 - t1,
         "steady_batches": n, "steady_samples_per_s": samples / (t5 - t4) if t5 > t4 and samples else None,
-        "warm_samples_per_s": warm_rate, "warm_from_batch": warm_from,
+        "warm_samples_per_s": warm_rate, "warm_cpu_s_per_sample": warm_cpu, "warm_from_batch": warm_from,
         # first batch to last, without the PSS sampling pause in between
         "time_to_last_batch_s": (t5 - t1) - (t4 - t3),
         "time_to_all_workers_s": all_workers, "workers_delivered": len(seen) if tag_workers else None,
