@@ -5,6 +5,24 @@ import pytest
 pytest_plugins = ["pytester"]
 
 
+@pytest.fixture(autouse=True)
+def _own_tmpdir(monkeypatch):
+    """Every process a self-test starts gets a temp directory that goes with the test.
+
+    Several self-tests kill or crash a suite on purpose (``os._exit`` in a build, a
+    segfaulting xdist worker, SIGKILL to a session): multiprocessing's ``pymp-*``
+    directory (a forkserver's socket) of such a process is never removed by it, and
+    used to pile up in ``/tmp``. Short on purpose: AF_UNIX paths end at 107 bytes,
+    and a scenario's own temp directory nests inside this one."""
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="ws-test-")
+    monkeypatch.setenv("TMPDIR", path)
+    yield
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def validate_verdict(data):
     """Every verdict a self-test reads must match the schema shipped in the package."""
     import jsonschema
