@@ -3,7 +3,7 @@
 One measurement serves the three checks (per loader and context): the
 benchmark's trial (:func:`pytest_workerstart.probes.timing.trial`) on a reduced
 EuroSAT-like set (2,000 JPEGs, a ~100 KB dataset pickle, so serial spawn start
-blocks per worker), batch 32, 120 batches, in fresh interpreters, alternated
+blocks per worker), batch 32, one epoch (63 batches), in fresh interpreters, alternated
 pair by pair:
 
 * ``w1``: 1 worker (the boot-cost reference; first batch only),
@@ -51,7 +51,7 @@ PER_CLASS = 200  # 2,000 images
 # clamped spread: what catches work added to every item.
 STEADY_BAND = (0.06, 0.25)
 STEADY_CPU_BAND = (0.06, 0.15)
-STEADY_BATCHES = 120  # steady state: batches 2N+1..120 ("warm": every worker has delivered twice)
+STEADY_BATCHES = 120  # a cap; the epoch ends first (63 batches). Warm: batches 2N+1.. (every worker has delivered twice)
 MEMORY_MAX = 1.10
 _CACHE: dict[tuple, dict] = {}
 
