@@ -10,25 +10,33 @@ any ``/dev/shm`` entry created meanwhile. Survivors are listed, then killed.
 
 import pytest
 
+import functools
+
 from pytest_workerstart import scenarios
+from pytest_workerstart.lookahead import planned_scenario
 from pytest_workerstart.probes.driver_death import run_driver_death
 
 check = pytest.mark.workerstart_check
 N = 2
 
 
+def _plan(env, case, exit_mode):
+    if env.settings.profile == "quick" and (case, exit_mode) != ("mid_start", "sigkill"):
+        pytest.skip("quick profile: a SIGKILL mid-start only")
+    return functools.partial(
+        run_driver_death, "pytest_workerstart.scenarios:scenario_driver",
+        {"loader": env.loader.payload(), "context": env.context_name, "case": case, "num_workers": N,
+         "parallelism": N if env.parallel_start_here else None},
+        exit_mode=exit_mode, bound=env.settings.driver_death_timeout, env=scenarios.child_env(), warm=True)
+
+
 @check("failure.driver_killed")
+@planned_scenario(_plan)
 @pytest.mark.parametrize("case", ["after_first_batch", "mid_start"])
 @pytest.mark.parametrize("exit_mode", ["sigkill", "exit"])
 def test_driver_killed(check_env, case, exit_mode):
-    if check_env.settings.profile == "quick" and (case, exit_mode) != ("mid_start", "sigkill"):
-        pytest.skip("quick profile: a SIGKILL mid-start only")
     bound = check_env.settings.driver_death_timeout
-    res = run_driver_death(
-        "pytest_workerstart.scenarios:scenario_driver",
-        {"loader": check_env.loader.payload(), "context": check_env.context_name, "case": case, "num_workers": N,
-         "parallelism": N if check_env.parallel_start_here else None},
-        exit_mode=exit_mode, bound=bound, env=scenarios.child_env())
+    res = check_env.scenario_result()
     if res.setup_error:
         pytest.fail(res.report(), pytrace=False)
     assert res.ok, (f"{len(res.survivors)} process(es) and {len(res.shm_left)} /dev/shm entr(ies) outlived the "

@@ -11,6 +11,7 @@ interpreter's own exit status and output, not anything the loader reports.
 import pytest
 
 from pytest_workerstart import scenarios
+from pytest_workerstart.lookahead import planned_scenario
 from pytest_workerstart.probes.clean_exit import CleanExit
 from pytest_workerstart.probes.cores import usable_cores
 
@@ -19,17 +20,21 @@ N = 2
 ENDINGS = ["exhaustion", "persistent", "early_break", "keyboard_interrupt"]
 
 
-@check("exit.clean_interpreter")
-@pytest.mark.parametrize("ending", ENDINGS)
-def test_clean_interpreter(check_env, ending):
-    if check_env.settings.profile == "quick" and ending != "early_break":
+def _plan(env, ending):
+    if env.settings.profile == "quick" and ending != "early_break":
         pytest.skip("quick profile: the early break only (workers alive at exit)")
-    if ending == "persistent" and not check_env.loader.has("persistent_workers"):
+    if ending == "persistent" and not env.loader.has("persistent_workers"):
         pytest.skip("loader does not declare capability 'persistent_workers'")
     # no more workers than cores: torch warns on stderr otherwise, rightly, about the test's choice
     n = max(1, min(N, usable_cores()))
-    res = scenarios.run(check_env.loader, check_env.context_name, "clean_exit", timeout=180,
-                        memory_limit=check_env.memory_limit, exit_grace=check_env.settings.exit_timeout,
-                        ending=ending, num_workers=n, parallelism=n if check_env.parallel_start_here else None)
-    problems = CleanExit(res).problems()
+    # warm=False: what a fresh interpreter prints and leaves at its exit is the point
+    return scenarios.planned(env, "clean_exit", timeout=180, exit_grace=env.settings.exit_timeout, warm=False,
+                             ending=ending, num_workers=n, parallelism=n if env.parallel_start_here else None)
+
+
+@check("exit.clean_interpreter")
+@planned_scenario(_plan)
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_clean_interpreter(check_env, ending):
+    problems = CleanExit(check_env.scenario_result()).problems()
     assert not problems, f"after {ending.replace('_', ' ')}: " + "; ".join(problems)

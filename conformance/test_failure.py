@@ -18,6 +18,7 @@ import torch
 from pytest_workerstart import scenarios
 from pytest_workerstart.fixtures.datasets import WorkerTagDataset
 from pytest_workerstart.checkenv import batches_of
+from pytest_workerstart.lookahead import planned_scenario
 from pytest_workerstart.probes.clean_exit import CleanExit
 from pytest_workerstart.probes.faults import (FaultPlan, InjectedStartError, InjectedWorkerInitError, exception_chain,
                                               position_to_worker)
@@ -110,60 +111,73 @@ def test_retry_after_failure(check_env, failure, tmp_path):
     assert got == truth, f"after a {failure}, a fresh iter() gave {got[:8]}... instead of the truth {truth[:8]}..."
 
 
-def _scenario(check_env, name, **kw):
-    res = scenarios.run(check_env.loader, check_env.context_name, name, timeout=kw.pop("hard_timeout", 90),
-                        memory_limit=check_env.memory_limit, **kw)
-    if res.status != "ok":
-        pytest.fail(res.details(), pytrace=False)
-    return res.value
+def _child_fault(fault: str, loader_timeout: float):
+    """The plan of a worker fault during start (``loader_timeout`` 0: the loader's
+    default, none: a dead worker must be noticed, not timed out)."""
+    def plan(env):
+        # the hang's timeout may grow with the boot (scenarios.scenario_child_fault)
+        return scenarios.planned(env, "child_fault", timeout=60 if loader_timeout else 40, fault=fault, worker=1, num_workers=N,
+                                 parallelism=N if env.parallel_start_here else None, loader_timeout=loader_timeout)
+    return plan
 
 
 @check("failure.child_exit_during_start")
+@planned_scenario(_child_fault("child_exit", loader_timeout=0))
 def test_child_exit_during_start(check_env):
-    # No loader timeout: a dead worker must be noticed, not timed out.
-    out = _scenario(check_env, "child_fault", fault="child_exit", worker=1, num_workers=N,
-                    parallelism=N if check_env.parallel_start_here else None, loader_timeout=0, hard_timeout=40)
-    scenarios.judge_child_fault(out, worker=1)
+    scenarios.judge_child_fault(scenarios.value_of(check_env.scenario_result()), worker=1)
 
 
 @check("failure.child_killed_during_start")
+@planned_scenario(_child_fault("child_kill", loader_timeout=0))
 def test_child_killed_during_start(check_env):
-    out = _scenario(check_env, "child_fault", fault="child_kill", worker=1, num_workers=N,
-                    parallelism=N if check_env.parallel_start_here else None, loader_timeout=0, hard_timeout=40)
-    scenarios.judge_child_fault(out, worker=1)
+    scenarios.judge_child_fault(scenarios.value_of(check_env.scenario_result()), worker=1)
 
 
 @check("failure.child_hang_during_start")
+@planned_scenario(_child_fault("child_hang", loader_timeout=5))
 def test_child_hang_during_start(check_env):
-    out = _scenario(check_env, "child_fault", fault="child_hang", worker=1, num_workers=N,
-                    parallelism=N if check_env.parallel_start_here else None, loader_timeout=5, hard_timeout=40)
-    scenarios.judge_child_fault(out, worker=1, timeout=5)
+    scenarios.judge_child_fault(scenarios.value_of(check_env.scenario_result()), worker=1, timeout=5)
+
+
+def _interrupt_plan(env):
+    return scenarios.planned(env, "interrupt", timeout=90, worker=1, num_workers=N,
+                             parallelism=N if env.parallel_start_here else None)
 
 
 @check("failure.interrupt_during_start")
+@planned_scenario(_interrupt_plan)
 def test_interrupt_during_start(check_env):
-    out = _scenario(check_env, "interrupt", worker=1, num_workers=N, parallelism=N if check_env.parallel_start_here else None)
-    scenarios.judge_interrupt(out, strict=check_env.settings.strict)
+    scenarios.judge_interrupt(scenarios.value_of(check_env.scenario_result()), strict=check_env.settings.strict)
 
 
 #: what an error after the forkserver died must say: that it, or the workers, are gone
 SAYS_DIED = re.compile(r"forkserver|fork server|exited|died|dead|killed|terminated|no longer (alive|running)", re.I)
 
 
+def _forkserver_died_bound(env) -> float:
+    return env.step_timeout(2) or 120.0
+
+
+def _forkserver_died_plan(env, iterators):
+    persistent = iterators == "persistent"
+    if persistent and not env.loader.has("persistent_workers"):
+        pytest.skip("loader does not declare capability 'persistent_workers'")
+    n = 2
+    return scenarios.planned(env, "forkserver_died", timeout=_forkserver_died_bound(env) + 30,
+                             exit_grace=env.settings.exit_timeout, persistent=persistent, num_workers=n,
+                             parallelism=n if env.parallel_start_here else None)
+
+
 @check("failure.forkserver_died")
+@planned_scenario(_forkserver_died_plan)
 @pytest.mark.parametrize("iterators", ["fresh", "persistent"])
 def test_forkserver_died(check_env, iterators):
     """The forkserver is killed between two epochs (in a scenario interpreter: the
     suite's own server stays): the next epoch is the truth, or an error that says the
     server or the workers died, within the step bound, and nothing is left after exit."""
-    persistent = iterators == "persistent"
-    if persistent and not check_env.loader.has("persistent_workers"):
-        pytest.skip("loader does not declare capability 'persistent_workers'")
-    bound = check_env.step_timeout(2) or 120.0
+    bound = _forkserver_died_bound(check_env)
     n = 2
-    res = scenarios.run(check_env.loader, check_env.context_name, "forkserver_died", timeout=bound + 30,
-                        memory_limit=check_env.memory_limit, exit_grace=check_env.settings.exit_timeout,
-                        persistent=persistent, num_workers=n, parallelism=n if check_env.parallel_start_here else None)
+    res = check_env.scenario_result()
     if res.status == "hang":
         pytest.fail(f"after the forkserver was killed, the next epoch neither worked nor raised within "
                     f"{bound + 30:.0f} s, the step bound {bound:.0f} s + 30 s for the first epoch ({iterators} iterators)\n{res.details()}", pytrace=False)

@@ -53,6 +53,8 @@ class CheckEnv:
     #: (step, id, description) of the last error the loader raised inside a bounded
     #: step; never the exception itself, whose traceback would keep the loader alive
     last_step_error: tuple[str, int, str] | None = None
+    #: the session's :class:`~pytest_workerstart.lookahead.ScenarioLookahead` (None: one at a time)
+    lookahead: Any = None
 
     # --- bounded steps -------------------------------------------------------
     def step(self, name: str, fn: Callable[[], Any], num_workers: int, ctx: InstrumentedContext | None):
@@ -88,6 +90,22 @@ class CheckEnv:
     def memory_limit(self) -> int:
         """Bytes of resident memory the loader's tree may reach (in-process steps and scenarios)."""
         return memory_limit_bytes(self.settings.memory_limit)
+
+    @property
+    def scenario_memory_limit(self) -> int:
+        """The bound of one scenario's tree: the setting, else the default shared by the scenarios run at once."""
+        jobs = self.lookahead.jobs if self.lookahead is not None else 1
+        if self.settings.memory_limit is not None or jobs <= 1:
+            return self.memory_limit
+        return self.memory_limit // jobs
+
+    def scenario_result(self) -> Any:
+        """The result of this check's ``@planned_scenario`` (see :mod:`pytest_workerstart.lookahead`)."""
+        from pytest_workerstart import lookahead
+
+        if self.lookahead is None:
+            return lookahead.run_now(self.request.node, self)
+        return self.lookahead.result(self.request.node, self)
 
     def memory_guard(self) -> Callable[[], str | None]:
         return tree_rss_over(self.memory_limit)
@@ -234,7 +252,7 @@ def batches_of(loader, limit: int | None = None) -> list:
 
 
 @pytest.fixture
-def check_env(request, ws_context, ws_loader, ws_settings, ws_step_timeout):
+def check_env(request, ws_context, ws_loader, ws_settings, ws_step_timeout, ws_lookahead):
     """The environment of one check; skips it (with the reason) if the loader lacks what it needs."""
     from pytest_workerstart import protocol, registry
 
@@ -242,6 +260,6 @@ def check_env(request, ws_context, ws_loader, ws_settings, ws_step_timeout):
     gap = protocol.requirement_gap(ws_loader, registry.get(marker.args[0]), ws_context) if marker else None
     if gap:
         pytest.skip(gap)
-    env = CheckEnv(ws_context, ws_loader, ws_settings, request, ws_step_timeout)
+    env = CheckEnv(ws_context, ws_loader, ws_settings, request, ws_step_timeout, lookahead=ws_lookahead)
     yield env
     env.close()

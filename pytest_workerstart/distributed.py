@@ -114,7 +114,7 @@ def judge(reports: list[dict], world_size: int, num_workers: int, n: int, fail_r
 
 
 def scenario_distributed(loader: dict, context: str, world_size: int, num_workers: int, parallelism: int | None,
-                         n: int, fail_rank: int | None, pg_timeout: float, outdir: str) -> dict[str, Any]:
+                         n: int, fail_rank: int | None, pg_timeout: float, outdir: str | None = None) -> dict[str, Any]:
     """``world_size`` ranks of a gloo group on 127.0.0.1 (torch.multiprocessing, spawn).
 
     Every rank iterates a map-style dataset through ``DistributedSampler`` and an
@@ -122,11 +122,15 @@ def scenario_distributed(loader: dict, context: str, world_size: int, num_worker
     in a barrier. With ``fail_rank`` that rank's first worker start fails: it must
     raise and clean up; the others must not wait longer than ``pg_timeout``.
     Returns each rank's report and the processes left once all ranks have exited.
+    ``outdir``: where ranks write their reports (default: a directory in this
+    scenario's private temp directory, which the runner removes).
     """
     import json
     import socket
+    import tempfile
     from pathlib import Path
 
+    outdir = outdir or tempfile.mkdtemp(prefix="ranks-")
     import psutil
     import torch.multiprocessing as tmp
 

@@ -26,14 +26,31 @@ def child_env() -> dict[str, str]:
 
 
 def run(loader, context: str, name: str, *, timeout: float, memory_limit: int | None = None,
-        exit_grace: float = 0.0, **kwargs) -> ScenarioResult:
+        exit_grace: float = 0.0, warm: bool = False, **kwargs) -> ScenarioResult:
     """Run ``scenario_<name>`` of this module (or ``name`` = "module:function") for
     ``loader`` (a LoaderUnderTest) in ``context``, bounded by ``timeout`` seconds
     and ``memory_limit`` bytes of resident memory (the runner's default if None);
-    ``exit_grace``: see :func:`~pytest_workerstart.probes.runner.run_scenario`."""
+    ``exit_grace``, ``warm``: see :func:`~pytest_workerstart.probes.runner.run_scenario`."""
     target = name if ":" in name else f"{__name__}:scenario_{name}"
     return run_scenario(target, {"loader": loader.payload(), "context": context, **kwargs},
-                        timeout=timeout, env=child_env(), memory_limit=memory_limit, exit_grace=exit_grace)
+                        timeout=timeout, env=child_env(), memory_limit=memory_limit, exit_grace=exit_grace, warm=warm)
+
+
+def planned(env, name: str, *, timeout: float, exit_grace: float = 0.0, warm: bool = True, **kwargs):
+    """What a check's ``@planned_scenario`` plan returns: :func:`run` of ``scenario_<name>``
+    for ``env``'s loader and context, bounded by the scenario share of the memory limit,
+    forked from the zygote unless ``warm=False`` (a truly fresh interpreter)."""
+    import functools
+
+    return functools.partial(run, env.loader, env.context_name, name, timeout=timeout,
+                             memory_limit=env.scenario_memory_limit, exit_grace=exit_grace, warm=warm, **kwargs)
+
+
+def value_of(res: ScenarioResult) -> Any:
+    """The scenario's return value; the check fails with the details if it did not return."""
+    if res.status != "ok":
+        pytest.fail(res.details(), pytrace=False)
+    return res.value
 
 
 def rebuild(loader: dict, context: str):
@@ -102,6 +119,13 @@ def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, nu
     from pytest_workerstart.probes.leaks import LeakSnapshot
 
     under_test = rebuild(loader, context)
+    if loader_timeout and context == "spawn":
+        # The loader's timeout also covers worker 0's boot (the first batch waits for it), which
+        # under spawn competes with every other worker's: at least 1.5 x N fresh imports, timed
+        # now, under whatever load there is (forkserver and fork workers boot by forking).
+        from pytest_workerstart.probes.deadline import measure_boot_cost
+
+        loader_timeout = max(loader_timeout, round(1.5 * num_workers * measure_boot_cost(), 1))
     before = LeakSnapshot.take()
     plan = getattr(FaultPlan, fault)(worker)
     ctx = InstrumentedContext(context, num_workers=num_workers, faults=plan)
@@ -132,13 +156,16 @@ def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, nu
     return {"raised": bool(chain), "chain": chain, "elapsed": t_err - t0, "pids": pids,
             "since_ready": t_err - max(ready, default=t0), "max_boot": max(boots, default=0.0),
             "live_while_held": live.format() if live else "", "leaks": after.format() if after else "",
-            "leak_summary": after.summary()}
+            "leak_summary": after.summary(), "loader_timeout": loader_timeout}
 
 
 def judge_child_fault(out: dict, worker: int, timeout: float | None = None) -> None:
-    """``timeout``: the loader's ``timeout=``; the error must come within it plus
+    """``timeout``: the loader's ``timeout=`` asked for (under spawn the scenario raises it
+    to cover worker 0's boot); the error must come within the timeout given plus
     a slack of max(10 s, 2 x the slowest boot measured in this scenario), counted
     from the moment the last worker became ready."""
+    if timeout is not None:
+        timeout = out.get("loader_timeout", timeout)
     if not out["raised"]:
         pytest.fail(f"the loader finished without an error although worker {worker} died during start",
                     pytrace=False)

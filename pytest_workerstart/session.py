@@ -54,6 +54,9 @@ class WorkerstartSession:
         from pytest_workerstart import baseline
 
         self.baseline = baseline.load(settings.baseline) if settings.baseline else None
+        from pytest_workerstart.lookahead import ScenarioLookahead
+
+        self.lookahead = ScenarioLookahead(self._scenario_jobs(), self._env_for)
         self.verdict = Verdict(loader.describe(), self._settings_record(), self.baseline)
         self._matched_xfails: set[tuple[str, str | None]] = set()
         self._started = time.monotonic()
@@ -99,8 +102,30 @@ class WorkerstartSession:
                 clauses[check.clause if check else r.id] = path
         return {ctx: dict(sorted(c.items())) for ctx, c in sorted(out.items())}
 
+    def _scenario_jobs(self) -> int:
+        if self.settings.scenario_jobs is not None:
+            return self.settings.scenario_jobs
+        if os.environ.get("PYTEST_XDIST_WORKER"):  # xdist already runs checks side by side
+            return 1
+        from pytest_workerstart.probes.cores import usable_cores
+
+        return max(1, min(2, usable_cores()))
+
+    def _env_for(self, item: pytest.Item):
+        """The CheckEnv ``item`` will get (for planning it ahead), or None if it will be skipped."""
+        from pytest_workerstart.checkenv import CheckEnv
+
+        marker = item.get_closest_marker("workerstart_check")
+        context = item.callspec.params.get("ws_context") if hasattr(item, "callspec") else None
+        if marker is None or context is None:
+            return None
+        if protocol.requirement_gap(self.loader, registry.get(marker.args[0]), context):
+            return None
+        return CheckEnv(context, self.loader, self.settings, None, self.step_timeout, lookahead=self.lookahead)
+
     def _settings_record(self) -> dict[str, Any]:
         record = self.settings.for_verdict()
+        record["scenario_jobs"] = self.lookahead.jobs
         record["parallelism_kwarg"] = self.loader.parallelism_kwarg
         record["contexts_requested"] = list(self.contexts)
         record["parallel_start"] = list(self.loader.parallel_contexts())
@@ -232,6 +257,19 @@ class WorkerstartSession:
     @pytest.fixture
     def ws_step_timeout(self):
         return self.step_timeout
+
+    @pytest.fixture
+    def ws_lookahead(self):
+        return self.lookahead
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None):
+        try:
+            return (yield)
+        finally:
+            # no scenario run ahead outlives the run of checks it was planned for
+            if not self.lookahead.holds(nextitem):
+                self.lookahead.drain()
 
     def step_timeout(self, num_workers: int) -> float:
         """Seconds one in-process step that waits on the loader may take."""
@@ -413,6 +451,10 @@ class WorkerstartSession:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus) -> None:
         from pytest_workerstart.probes import reaper
 
+        from pytest_workerstart.probes import zygote
+
+        self.lookahead.close()
+        zygote.shutdown()
         reaper.reap_session()
         self._write(final=True, exitstatus=int(exitstatus))
 

@@ -76,6 +76,19 @@ def _count(value: Any, where: str) -> int:
     return number
 
 
+def _jobs(value: Any, where: str) -> int | None:
+    """``auto`` (None: decided by the session) or a whole number >= 1."""
+    if str(value).strip().lower() == "auto":
+        return None
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise _usage(where, f"expected 'auto' or a whole number >= 1, got {value!r}")
+    return number
+
+
 def _profile(value: str, where: str) -> str:
     value = value.strip()
     if value not in PROFILES:
@@ -208,7 +221,11 @@ OPTIONS: tuple[Option, ...] = (
                 "(default: derived from the boot cost measured at session start)"),
     Option("memory_limit", _positive_float, None, metavar="GIB",
            help="resident memory (GiB, summed over the driver and its workers) a step that waits on the loader "
-                "may reach before it is stopped and the check fails (default: half of this machine's memory)"),
+                "may reach before it is stopped and the check fails (default: half of this machine's memory, "
+                "shared by the scenarios that run at once)"),
+    Option("scenario_jobs", _jobs, None, metavar="N|auto",
+           help="fresh-interpreter scenarios of consecutive correctness checks that may run at once (1: one at a "
+                "time; auto: 2 where at least 2 cores are usable, 1 under xdist); speed trials always run alone"),
     Option("circuit_breaker", _count, 3, metavar="N",
            help="after N checks in a row fail the same way (a hang, the same error at the same step), "
                 "report the rest as not run (0: never)"),
@@ -240,6 +257,7 @@ class Settings:
     exit_timeout: float
     step_timeout: float | None
     memory_limit: float | None
+    scenario_jobs: int | None  # None: auto
     circuit_breaker: int
     preflight: bool
     xfail: tuple[tuple[str, str | None, str], ...]

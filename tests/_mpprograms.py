@@ -140,3 +140,23 @@ def leave_untracked_segment(path, keep_s=0.2):
         f.write(seg.name)
     time.sleep(keep_s)
     seg.close()
+
+
+def whoami():
+    """What a scenario interpreter looks like from inside (tests/test_zygote.py)."""
+    import signal
+    import sys
+    import tempfile
+
+    return {"pid": os.getpid(), "sid": os.getsid(0), "tmpdir": tempfile.gettempdir(),
+            "torch_loaded": "torch" in sys.modules, "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+            "sigchld_default": signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL, "stdin": os.readlink("/proc/self/fd/0")}
+
+
+def says_at_exit(text):
+    """Prints ``text`` on stderr from an atexit handler: only a normal interpreter exit runs it."""
+    import atexit
+    import sys
+
+    atexit.register(lambda: print(text, file=sys.stderr))
+    print("on stdout", flush=True)

@@ -17,6 +17,7 @@ import time
 import psutil
 import pytest
 
+from pytest_workerstart.probes import reaper
 from tests._mpprograms import SemaphoreChurner
 
 FAST = ("--workerstart-context=forkserver", "--workerstart-profile=quick")
@@ -68,11 +69,12 @@ def test_killed_pytest_leaves_nothing(tmp_path, sig, group):
         time.sleep(1.0)
         for p in psutil.Process(proc.pid).children(recursive=True):
             seen[(p.pid, p.create_time())] = p
+        # a fresh scenario interpreter names DIR/request.json; one forked by the zygote writes DIR/stderr.txt
+        workdirs = set().union(*(reaper.scenario_workdir(p) for p in seen.values()))
         if group:
             os.killpg(proc.pid, getattr(signal, sig))
         else:
             proc.send_signal(getattr(signal, sig))
-        workdirs = {os.path.dirname(c.split()[-1]) for c in map(_cmd, seen.values()) if "probes.runner" in c}
         out, _ = proc.communicate(timeout=120)
         _, alive = psutil.wait_procs(list(seen.values()), timeout=15)
         left = sorted(d for d in workdirs if os.path.exists(d))

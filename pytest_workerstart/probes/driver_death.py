@@ -28,7 +28,7 @@ import psutil
 from pytest_workerstart.probes import reaper
 from pytest_workerstart.probes.leaks import ProcInfo, alive, attributed_shm, kill_tree
 from pytest_workerstart.probes.reaper import kill_session, session_members
-from pytest_workerstart.probes.runner import launch
+from pytest_workerstart.probes.runner import check_abort, launch
 
 
 @dataclasses.dataclass
@@ -72,19 +72,21 @@ def _info(p: psutil.Process) -> ProcInfo | None:
 
 
 def run_driver_death(target: str, kwargs: dict, *, exit_mode: str, bound: float = 15.0,
-                     ready_timeout: float = 120.0, env: dict | None = None) -> DriverDeathResult:
-    """``exit_mode``: ``sigkill`` or ``exit`` (``os._exit(0)`` inside the driver)."""
+                     ready_timeout: float = 120.0, env: dict | None = None, warm: bool = False) -> DriverDeathResult:
+    """``exit_mode``: ``sigkill`` or ``exit`` (``os._exit(0)`` inside the driver); ``warm``:
+    the driver is forked from the zygote (:func:`~pytest_workerstart.probes.runner.launch`)."""
     if exit_mode not in ("sigkill", "exit"):
         raise ValueError(f"exit_mode must be 'sigkill' or 'exit', got {exit_mode!r}")
     workdir = Path(tempfile.mkdtemp(prefix="workerstart-driver-"))
     ready, go = workdir / "ready", workdir / "go"
     ours: set[str] = set()  # /dev/shm entries attributed to the scenario's tree
-    proc = launch(workdir, target, {**kwargs, "ready_path": str(ready), "go_path": str(go)}, env)
+    proc = launch(workdir, target, {**kwargs, "ready_path": str(ready), "go_path": str(go)}, env, warm=warm)
     leader_ctime = reaper.register_session(proc.pid)
     recorded: list[ProcInfo] = []
     try:
         deadline = time.monotonic() + ready_timeout
         while not ready.exists():
+            check_abort()
             if proc.poll() is not None or time.monotonic() > deadline:
                 why = "exited early" if proc.poll() is not None else f"not ready within {ready_timeout:.0f} s"
                 tail = (workdir / "stderr.txt").read_text(errors="replace")[-3000:]

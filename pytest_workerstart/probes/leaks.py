@@ -35,6 +35,7 @@ HELPER_MARKERS = (
     "multiprocessing.forkserver",
     "multiprocessing.semaphore_tracker",
     "pytest_workerstart.probes.reaper",  # the guard (see probes/reaper.py)
+    "pytest_workerstart.probes.runner --zygote",  # the scenarios' preloaded parent (probes/zygote.py)
 )
 SHM_PATTERN = re.compile(r"^(sem\.mp-|torch_|psm_|wnsm_|mp-)")
 
@@ -74,7 +75,7 @@ def alive(proc: psutil.Process) -> bool:
 
 
 def helper_fds() -> set[int]:
-    """fds the driver holds for the shared resource tracker and forkserver.
+    """fds the driver holds for the shared resource tracker, the forkserver and the zygote.
 
     They live as long as the process, belong to no loader, and appear on first
     use: never count them as leaks. (multiprocessing private attributes, read
@@ -90,7 +91,9 @@ def helper_fds() -> set[int]:
                 fds.add(value)
     except Exception:
         pass
-    return fds
+    from pytest_workerstart.probes import zygote
+
+    return fds | zygote.pipe_fds()
 
 
 def _shm_inodes_of(pid: int | str) -> set[int]:

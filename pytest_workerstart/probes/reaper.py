@@ -291,15 +291,25 @@ def _guard_main(pid: int, ctime: float, verdict: str | None = None, interval: fl
 
 
 def scenario_workdir(p: psutil.Process) -> set[str]:
-    """The private directory of a scenario leader (``probes.runner DIR/request.json``)."""
+    """The private directory of a scenario leader: ``probes.runner DIR/request.json``, or
+    one forked by the zygote (``probes.runner --zygote ...``), whose stderr is ``DIR/stderr.txt``."""
     try:
         cmd = p.cmdline()
     except psutil.Error:
         return set()
-    if RUNNER_MARKER not in cmd or not cmd[-1].endswith("request.json"):
+    if RUNNER_MARKER not in cmd:
         return set()
-    d = os.path.dirname(cmd[-1])
-    return {d} if os.path.basename(d).startswith(("workerstart-scenario-", "workerstart-driver-")) else set()
+    paths = [cmd[-1]]
+    try:
+        paths.append(os.readlink(f"/proc/{p.pid}/fd/2"))
+    except OSError:
+        pass
+    for path in paths:
+        d = os.path.dirname(path)
+        if path.endswith(("request.json", "stderr.txt")) and \
+                os.path.basename(d).startswith(("workerstart-scenario-", "workerstart-driver-")):
+            return {d}
+    return set()
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ those stacks. A child that dies without a result is reported as ``crash``.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import importlib
 import json
@@ -21,12 +22,28 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 from pytest_workerstart.probes import reaper
+
+
+#: Set (in a thread of :mod:`pytest_workerstart.lookahead`) to an event that, once set,
+#: stops the scenario at its next poll: its tree is killed and ScenarioAborted raised.
+ABORT: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("workerstart_abort", default=None)
+
+
+class ScenarioAborted(Exception):
+    """The scenario was stopped before its end because nobody will read its result."""
+
+
+def check_abort() -> None:
+    event = ABORT.get()
+    if event is not None and event.is_set():
+        raise ScenarioAborted("stopped: the check that needed it no longer runs")
 
 
 @dataclasses.dataclass
@@ -69,12 +86,14 @@ class ScenarioResult:
         return "\n".join(parts)
 
 
-def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None = None) -> subprocess.Popen:
+def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None = None, *,
+           warm: bool = False) -> subprocess.Popen:
     """Start ``target(**kwargs)`` in a fresh interpreter in a new session (the one child launcher).
 
     The request goes to ``workdir/request.json``, the result (if any) to
     ``workdir/result.json``, stdout and stderr to ``workdir/stderr.txt``, and
-    ``TMPDIR`` is ``workdir/tmp``.
+    ``TMPDIR`` is ``workdir/tmp``. ``warm``: forked from the zygote, which has
+    imported torch (:mod:`pytest_workerstart.probes.zygote`), where it can.
     """
     request = workdir / "request.json"
     request.write_text(json.dumps({"target": target, "kwargs": kwargs, "result": str(workdir / "result.json")}))
@@ -83,6 +102,13 @@ def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None 
     # also when the tree is killed before its own cleanup runs.
     tmp = workdir / "tmp"
     tmp.mkdir(exist_ok=True)
+    if warm:
+        from pytest_workerstart.probes import zygote
+
+        try:
+            return zygote.get({**os.environ, **(env or {})}).fork(str(request), str(workdir / "stderr.txt"), str(tmp))
+        except zygote.Refused:
+            pass  # a fresh interpreter instead
     with open(workdir / "stderr.txt", "wb") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "pytest_workerstart.probes.runner", str(request)],
@@ -93,13 +119,16 @@ def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None 
 
 def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 120.0,
                  env: dict[str, str] | None = None, dump_grace: float = 2.0,
-                 memory_limit: int | None = None, exit_grace: float = 0.0, measuring: bool = False) -> ScenarioResult:
+                 memory_limit: int | None = None, exit_grace: float = 0.0, measuring: bool = False,
+                 warm: bool = False) -> ScenarioResult:
     """Run ``target(**kwargs)`` in a fresh interpreter; kill it and its tree after
     ``timeout`` s (status ``hang``, with stacks) or once their resident memory
     passes ``memory_limit`` bytes (default: half of this machine's; status ``memory``).
     ``/dev/shm`` entries its tree created and left are unlinked and listed in ``shm_left``
     (``measuring``: a timed run; the tree is then sampled once a second only, so
     that the watch costs the measurement nothing).
+
+    ``warm``: see :func:`launch`.
 
     ``exit_grace``: once the interpreter has exited, how long what it started
     (workers, a forkserver, the resource tracker, which prints its leak warnings
@@ -111,7 +140,7 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     result_path = workdir / "result.json"
     err_path = workdir / "stderr.txt"
     start = time.monotonic()
-    proc = launch(workdir, target, kwargs or {}, env)
+    proc = launch(workdir, target, kwargs or {}, env, warm=warm)
     leader_ctime = reaper.register_session(proc.pid)
     guard = tree_rss_over(memory_limit or memory_limit_bytes(None), root=proc.pid)
     shm = ShmWatch(interval=1.0 if measuring else 0.1, eager=not measuring, root=proc.pid,
@@ -125,12 +154,13 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
                 proc.wait(timeout=min(GUARD_EVERY_S, max(timeout - (time.monotonic() - start), 0)))
                 break
             except subprocess.TimeoutExpired:
+                check_abort()
                 memory = guard()
                 if memory:
                     status = "memory"
                 elif time.monotonic() - start >= timeout:
                     status = "hang"
-    except BaseException:  # Ctrl-C (or pytest-timeout) while waiting: take the scenario down with us
+    except BaseException:  # Ctrl-C, pytest-timeout or an abort while waiting: take the scenario down with us
         reaper.kill_session(proc.pid, leader_ctime=leader_ctime)
         reaper.unregister_session(proc.pid)
         shm.__exit__(None, None, None)
@@ -204,4 +234,9 @@ def _child_main(request_path: str) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--zygote"]:
+        from pytest_workerstart.probes import zygote
+
+        forked = zygote.main(sys.argv[2:])
+        sys.exit(0 if forked is None else _child_main(forked["request"]))
     sys.exit(_child_main(sys.argv[1]))

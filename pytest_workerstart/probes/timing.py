@@ -239,15 +239,17 @@ def paired_ratio(numerator: Sequence[float | None], denominator: Sequence[float 
 
 def run_trials(configs: dict[str, dict], trials: int, timeout: float = 600.0,
                progress: Callable[[str], None] | None = None, keep_going: bool = False,
-               env: dict[str, str] | None = None) -> dict[str, list[dict]]:
+               env: dict[str, str] | None = None, warm: bool = False) -> dict[str, list[dict]]:
     """Run ``trial`` for every configuration, alternated, each in a fresh process.
 
     A failed trial raises, or with ``keep_going`` is recorded as ``{"error": ...}``.
+    ``warm``: each trial's driver is forked from the zygote (a fresh process, workers
+    and all, without the driver's own import of torch, which no measured span includes).
     """
     results: dict[str, list[dict]] = {name: [] for name in configs}
     order = alternated(list(configs), trials)
     for i, name in enumerate(order, 1):
-        res = run_scenario(f"{__name__}:trial", configs[name], timeout=timeout, env=env, measuring=True)
+        res = run_scenario(f"{__name__}:trial", configs[name], timeout=timeout, env=env, measuring=True, warm=warm)
         if res.status != "ok":
             if not keep_going:
                 raise RuntimeError(f"trial {i} ({name}) failed: {res.details()}")

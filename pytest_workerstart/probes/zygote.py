@@ -1,0 +1,296 @@
+"""A parent that imported torch once and forks one scenario interpreter per request.
+
+Most of a correctness scenario's own cost is a fresh interpreter importing torch
+(about 3 s of CPU here) before it builds anything. The zygote imports torch and the
+suite's scenario modules once, then forks: the child is what the runner's fresh
+interpreter would be, minus that import. It gets its own session (``setsid``, before
+the runner hears of it), stdin from ``/dev/null``, stdout and stderr to the
+scenario's file, its own ``TMPDIR``, default signal dispositions, and it ends
+through the interpreter's normal exit (atexit handlers, multiprocessing's
+finalizers), never ``os._exit``. Its workers are started by the loader under test
+as usual (spawn workers are fresh interpreters; a forkserver is the child's own).
+
+Not for what must be a fresh interpreter: ``exit.clean_interpreter`` (what an
+interpreter prints at exit is the point), the preflight (it measures a boot) and the
+benchmark (it publishes each process's memory). The speed clause's trials use it: no
+span they measure includes the driver's own imports. The zygote runs no Python
+thread and no torch operation: it refuses to fork (and the runner starts a fresh
+interpreter) if its imports left a Python thread running.
+
+It is ``python -m pytest_workerstart.probes.runner --zygote``: processes forked
+from it carry the runner's command line, which the guard and the self-tests know.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+#: imported once in the zygote (never the loader's own module: user code stays in the child)
+PRELOAD = ("torch", "psutil", "pytest", "pytest_workerstart.scenarios", "pytest_workerstart.protocol",
+           "pytest_workerstart.probes.context", "pytest_workerstart.probes.leaks",
+           "pytest_workerstart.probes.faults", "pytest_workerstart.fixtures.datasets",
+           "pytest_workerstart.distributed")
+START_TIMEOUT_S = 120.0
+
+
+# --- in the zygote -------------------------------------------------------------
+
+
+def _threads() -> int:
+    # Python threads only: numpy's OpenBLAS starts its pool at import and shuts it down
+    # around fork() itself (pthread_atfork), as every fork-context DataLoader relies on.
+    return threading.active_count()
+
+
+def _say(msg: dict) -> None:
+    os.write(1, (json.dumps(msg) + "\n").encode())
+
+
+def serve(preload: list[str]) -> dict | None:
+    """The zygote's loop. Returns only in a forked child, with its request."""
+    for name in preload:
+        importlib.import_module(name)
+    _say({"ready": os.getpid(), "threads": _threads()})
+    buf = b""
+    while True:
+        while True:  # reap, and say who ended with what status
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            _say({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        if not select.select([0], [], [], 0.1)[0]:
+            continue
+        chunk = os.read(0, 1 << 16)
+        if not chunk:  # the runner's side is gone: so are we (children live on in their sessions)
+            return None
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            req = json.loads(line)
+            if _threads() != 1:
+                _say({"id": req["id"], "refused": f"{_threads()} threads are running in the zygote"})
+                continue
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(r)
+                os.setsid()
+                os.close(w)  # EOF tells the zygote the session exists
+                return req
+            os.close(w)
+            os.read(r, 1)
+            os.close(r)
+            _say({"id": req["id"], "pid": pid})
+
+
+def become_scenario(req: dict) -> None:
+    """In the forked child: look like the runner's fresh interpreter."""
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGUSR1, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    err = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(err, 1)
+    os.dup2(err, 2)
+    os.close(devnull)
+    os.close(err)
+    os.environ["TMPDIR"] = req["tmp"]
+    tempfile.tempdir = None
+
+
+# --- in pytest -------------------------------------------------------------------
+
+
+class Refused(Exception):
+    """The zygote cannot fork a scenario (the runner then starts a fresh interpreter)."""
+
+
+class WarmChild:
+    """The part of :class:`subprocess.Popen` the runner uses, for a child of the zygote."""
+
+    def __init__(self, zygote: "Zygote", pid: int):
+        self._zygote, self.pid = zygote, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._zygote.exit_code(self.pid, 0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            code = self._zygote.exit_code(self.pid, timeout)
+            if code is None:
+                raise subprocess.TimeoutExpired(f"scenario pid {self.pid}", timeout)
+            self.returncode = code
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    def __init__(self, env: dict[str, str]):
+        self.key = _key(env)
+        self._tmp = tempfile.mkdtemp(prefix="workerstart-zygote-")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest_workerstart.probes.runner", "--zygote", *PRELOAD],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+            env={k: v for k, v in env.items() if k not in _PER_CALL} | {"TMPDIR": self._tmp}, bufsize=0)
+        self._cond = threading.Condition()
+        self._exits: dict[int, int] = {}
+        self._replies: dict[int, dict] = {}
+        self._next = 0
+        self._gone = False
+        self._ready = False
+        threading.Thread(target=self._read, name="workerstart-zygote", daemon=True).start()
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._ready or self._gone, START_TIMEOUT_S) or self._gone:
+                self.close()
+                raise Refused("the zygote did not start")
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            with self._cond:
+                if "ready" in msg:
+                    self._ready = True
+                elif "exit" in msg:
+                    self._exits[msg["exit"]] = msg["code"]
+                else:
+                    self._replies[msg["id"]] = msg
+                self._cond.notify_all()
+        with self._cond:
+            self._gone = True
+            self._cond.notify_all()
+
+    def fork(self, request: str, stderr: str, tmp: str) -> WarmChild:
+        with self._cond:
+            if self._gone:
+                raise Refused("the zygote has exited")
+            self._next += 1
+            ident = self._next
+            self.proc.stdin.write((json.dumps({"id": ident, "request": request, "stderr": stderr,
+                                               "tmp": tmp}) + "\n").encode())
+            if not self._cond.wait_for(lambda: ident in self._replies or self._gone, 30) or ident not in self._replies:
+                raise Refused("the zygote did not answer")
+            reply = self._replies.pop(ident)
+        if "refused" in reply:
+            raise Refused(reply["refused"])
+        return WarmChild(self, reply["pid"])
+
+    def exit_code(self, pid: int, timeout: float | None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while pid not in self._exits:
+                if self._gone:  # nobody left to reap it: judge by the pid alone
+                    return _orphan_code(pid)
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._cond.wait(left if left is None else min(left, 0.5))
+            return self._exits[pid]
+
+    def close(self) -> None:
+        with self._cond:  # never while fork() writes a request
+            self._gone = True
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _orphan_code(pid: int) -> int | None:
+    import psutil
+
+    try:
+        return None if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE else -signal.SIGKILL
+    except psutil.Error:
+        return -signal.SIGKILL  # its status went with the zygote; it is gone
+
+
+#: set per child (TMPDIR) or by pytest for every test phase: not what tells environments apart
+_PER_CALL = ("TMPDIR", "PYTEST_CURRENT_TEST")
+
+
+def _key(env: dict[str, str]) -> tuple:
+    return tuple(sorted((k, v) for k, v in env.items() if k not in _PER_CALL))
+
+
+_lock = threading.Lock()
+_current: Zygote | None = None
+_atexit = False
+
+
+def get(env: dict[str, str]) -> Zygote:
+    """The zygote for this environment (one at a time: another environment replaces it)."""
+    global _current, _atexit
+    with _lock:
+        if _current is not None and (_current.key != _key(env) or _current.proc.poll() is not None):
+            _current.close()
+            _current = None
+        if _current is None:
+            _current = Zygote(env)
+            if not _atexit:
+                atexit.register(shutdown)
+                _atexit = True
+        return _current
+
+
+def pipe_fds() -> set[int]:
+    """This process's ends of the zygote's pipes (helper fds, never a loader's leak)."""
+    z = _current
+    if z is None:
+        return set()
+    out = set()
+    for f in (z.proc.stdin, z.proc.stdout):
+        try:
+            out.add(f.fileno())
+        except (ValueError, OSError):
+            pass
+    return out
+
+
+def shutdown() -> None:
+    """Stop the zygote (its children, in their own sessions, are the runner's)."""
+    global _current
+    with _lock:
+        if _current is not None:
+            _current.close()
+            _current = None
+
+
+def main(preload: list[str]) -> dict | None:
+    """``runner --zygote``: serve; in a forked child, the request it is to run."""
+    req = serve(preload)
+    if req is not None:
+        become_scenario(req)
+    return req

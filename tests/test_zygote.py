@@ -1,0 +1,83 @@
+"""Scenario interpreters forked from the zygote (pytest_workerstart/probes/zygote.py)
+look, end and fail like the runner's fresh interpreters."""
+
+import os
+
+import psutil
+import pytest
+
+from pytest_workerstart.probes import runner, zygote
+from pytest_workerstart.scenarios import child_env
+
+
+def _run(target, kwargs=None, warm=True, **kw):
+    return runner.run_scenario(f"tests._mpprograms:{target}", kwargs or {}, env=child_env(), warm=warm,
+                               timeout=kw.pop("timeout", 120), **kw)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _stop_zygote():
+    yield
+    zygote.shutdown()
+
+
+def test_a_warm_scenario_is_its_own_session_with_its_own_tmpdir_and_torch_loaded():
+    cold, warm = _run("whoami", warm=False), _run("whoami")
+    assert cold.status == warm.status == "ok", (cold.details(), warm.details())
+    for res in (cold, warm):
+        me = res.value
+        assert me["sid"] == me["pid"], "a scenario leads its own session"
+        assert os.path.basename(me["tmpdir"]) == "tmp" and "workerstart-scenario-" in me["tmpdir"]
+        assert me["sigint"] and me["sigchld_default"] and me["stdin"] == os.devnull
+    assert warm.value["torch_loaded"] and not cold.value["torch_loaded"], "only the warm one starts with torch"
+    assert warm.value["pid"] not in {p.pid for p in psutil.Process().children()}, "forked by the zygote, not by us"
+
+
+def test_a_warm_scenario_ends_through_the_normal_interpreter_exit():
+    res = _run("says_at_exit", {"text": "atexit ran"})
+    assert res.status == "ok" and res.returncode == 0
+    assert "on stdout" in res.stderr and "atexit ran" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("target, status, code", [("raises", "error", 0), ("exits_hard", "crash", 7)])
+def test_warm_failures_read_as_cold_ones(target, status, code):
+    cold, warm = _run(target, warm=False), _run(target)
+    assert (cold.status, cold.returncode) == (warm.status, warm.returncode) == (status, code)
+    assert cold.one_line() == warm.one_line()
+
+
+def _descendants():
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.add((p.pid, p.create_time()))
+        except psutil.Error:
+            continue
+    return out
+
+
+def test_a_warm_hang_is_killed_with_its_stacks_and_leaves_nothing():
+    _run("returns_42")  # the zygote is up before the count
+    before = _descendants()
+    res = _run("hang_forever", timeout=3)
+    assert res.status == "hang" and "hang_forever" in (res.stacks or ""), res.details()
+    assert _descendants() <= before, "the hung scenario outlived its kill"
+
+
+def test_a_refusing_zygote_gives_a_fresh_interpreter(monkeypatch):
+    def refuse(env):
+        raise zygote.Refused("1 Python thread too many")
+
+    monkeypatch.setattr(zygote, "get", refuse)
+    res = _run("whoami")
+    assert res.status == "ok" and not res.value["torch_loaded"]
+
+
+def test_the_zygote_goes_when_asked_and_with_its_environment():
+    first = zygote.get({**os.environ, **child_env()})
+    assert zygote.get({**os.environ, **child_env(), "PYTEST_CURRENT_TEST": "another phase"}) is first
+    other = zygote.get({**os.environ, **child_env(), "WORKERSTART_SELFTEST_ENV": "1"})
+    assert other is not first and first.proc.poll() is not None, "another environment replaces the zygote"
+    zygote.shutdown()
+    assert other.proc.poll() is not None
