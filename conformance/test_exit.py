@@ -1,6 +1,7 @@
 """exit.clean_interpreter: a program that used the loader ends cleanly.
 
-Judged from outside a fresh interpreter (see
+Judged from outside a scenario interpreter (forked from the suite's preloaded
+zygote, :mod:`pytest_workerstart.probes.zygote`; see
 :mod:`pytest_workerstart.probes.clean_exit`): exit status 0, nothing at all on
 stderr (no ``resource_tracker: There appear to be N leaked semaphore objects``, no
 ``Exception ignored in``, no warning), and nothing it started still running
@@ -27,8 +28,11 @@ def _plan(env, ending):
         pytest.skip("loader does not declare capability 'persistent_workers'")
     # no more workers than cores: torch warns on stderr otherwise, rightly, about the test's choice
     n = max(1, min(N, usable_cores()))
-    # warm=False: what a fresh interpreter prints and leaves at its exit is the point
-    return scenarios.planned(env, "clean_exit", timeout=180, exit_grace=env.settings.exit_timeout, warm=False,
+    # Forked from the zygote (torch already imported, nothing else: the loader's module, its
+    # resource tracker, forkserver and workers are the child's own), the child ends through the
+    # interpreter's normal exit, which is what is judged; only torch's own import-time output
+    # would not reach its stderr, and that is not the loader's.
+    return scenarios.planned(env, "clean_exit", timeout=180, exit_grace=env.settings.exit_timeout,
                              ending=ending, num_workers=n, parallelism=n if env.parallel_start_here else None)
 
 

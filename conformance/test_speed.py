@@ -3,10 +3,8 @@
 One measurement serves the three checks (per loader and context): the
 benchmark's trial (:func:`pytest_workerstart.probes.timing.trial`) on a reduced
 EuroSAT-like set (2,000 JPEGs, a ~100 KB dataset pickle, so serial spawn start
-blocks per worker), batch 32, one epoch (63 batches), each trial a fresh driver process
-(forked from the zygote, :mod:`~pytest_workerstart.probes.zygote`, so no trial pays the
-driver's own import of torch, which no measured span includes) with fresh workers,
-alternated pair by pair:
+blocks per worker), batch 32, one epoch (63 batches), in fresh interpreters, alternated
+pair by pair:
 
 * ``w1``: 1 worker (the boot-cost reference; first batch only),
 * ``p1``: N workers, serial start,
@@ -82,7 +80,7 @@ def _measure(check_env) -> dict:
         else:
             try:
                 with foreign_cpu.ForeignCPU() as during:
-                    raw = run_trials(configs, TRIALS, timeout=300, env=scenarios.child_env(), warm=True)
+                    raw = run_trials(configs, TRIALS, timeout=300, env=scenarios.child_env())
             except RuntimeError as exc:
                 _CACHE[key] = {"error": str(exc)}
             else:

@@ -3,8 +3,9 @@
 A check whose whole work is one fresh-interpreter scenario declares how to
 start it, ``@planned_scenario(plan)`` with ``plan(check_env, **params)``
 returning a zero-argument callable (or skipping), and gets its result from
-``check_env.scenario_result()``. When the first of a run of such checks (one
-module, consecutive in pytest's order) asks for its result, the plans of the
+``check_env.scenario_result()``. When the first of a run of such checks
+(consecutive in pytest's order; within one module when checks are embedded in a
+project's tests, whose modules may judge different loaders) asks for its result, the plans of the
 checks that follow it are made too and queued: ``jobs`` scenarios run at once
 and each check judges its own result when pytest reaches it. Most of a
 scenario's time is a fresh interpreter importing torch and its workers booting,
@@ -58,8 +59,11 @@ class ScenarioLookahead:
     """The queue of one session. ``env_for(item)``: the CheckEnv a later item will
     get, or None if it will be skipped for a requirement the loader lacks."""
 
-    def __init__(self, jobs: int, env_for: Callable[[pytest.Item], Any]):
+    def __init__(self, jobs: int, env_for: Callable[[pytest.Item], Any], one_loader: bool = False):
         self.jobs = jobs
+        #: every module judges the same loader (``--workerstart``; embedded, a module's
+        #: ``workerstart_loader`` fixture may differ), so a run of checks may cross modules
+        self.one_loader = one_loader
         self._env_for = env_for
         self._futures: dict[str, concurrent.futures.Future] = {}
         self._abort = threading.Event()
@@ -131,7 +135,7 @@ class ScenarioLookahead:
             return
         for nxt in items[start + 1:]:
             plan = plan_of(nxt)
-            if plan is None or nxt.parent is not item.parent:
+            if plan is None or (nxt.parent is not item.parent and not self.one_loader):
                 return
             if nxt.nodeid in self._futures or nxt.get_closest_marker("skip") or nxt.get_closest_marker("skipif"):
                 continue  # a check that will not run (or plans itself when it does) runs nothing ahead

@@ -56,7 +56,7 @@ class WorkerstartSession:
         self.baseline = baseline.load(settings.baseline) if settings.baseline else None
         from pytest_workerstart.lookahead import ScenarioLookahead
 
-        self.lookahead = ScenarioLookahead(self._scenario_jobs(), self._env_for)
+        self.lookahead = ScenarioLookahead(self._scenario_jobs(), self._env_for, one_loader=not embedded)
         self.verdict = Verdict(loader.describe(), self._settings_record(), self.baseline)
         self._matched_xfails: set[tuple[str, str | None]] = set()
         self._started = time.monotonic()

@@ -109,6 +109,13 @@ def test_skipping_checks_and_other_modules_run_nothing_ahead():
         assert queue.result(items[4], object()) == "result of 1"
     finally:
         queue.close()
+    # one loader for every module (--workerstart): the run goes on across them
+    rec.planned.clear()
+    queue = ScenarioLookahead(2, lambda item: object(), one_loader=True)
+    try:
+        assert queue.result(items[4], object()) == "result of 1" and queue.holds(items[5])
+    finally:
+        queue.close()
 
 
 def test_drain_stops_a_running_scenario_and_leaves_nothing():

@@ -19,15 +19,16 @@ BUSY_SHARE = 0.25
 
 
 def tree_cpu_s() -> float:
-    """CPU seconds of this process, its reaped children and its live descendants
-    (what a speed trial charges its loader, and what is not foreign here)."""
+    """CPU seconds of this process, its reaped children, its live descendants and what
+    they reaped (the zygote reaps the scenarios it forked): what a speed trial charges
+    its loader, and what is not foreign here."""
     me = psutil.Process()
     t = me.cpu_times()
     total = t.user + t.system + t.children_user + t.children_system
     for child in me.children(recursive=True):
         try:
             c = child.cpu_times()
-            total += c.user + c.system
+            total += c.user + c.system + c.children_user + c.children_system
         except psutil.Error:
             continue
     return total

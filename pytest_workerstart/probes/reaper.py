@@ -269,7 +269,8 @@ def _guard_main(pid: int, ctime: float, verdict: str | None = None, interval: fl
                     known[key] = p
                     if os.getsid(p.pid) == p.pid:  # a scenario session's leader
                         sessions[p.pid] = key[1]
-                        workdirs.update(scenario_workdir(p))
+                if p.pid in sessions:  # again each round: one forked by the zygote names its dir a moment later
+                    workdirs.update(scenario_workdir(p))
         except (psutil.Error, OSError):
             pass
         if not watched.is_running():

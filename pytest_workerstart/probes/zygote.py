@@ -10,10 +10,11 @@ through the interpreter's normal exit (atexit handlers, multiprocessing's
 finalizers), never ``os._exit``. Its workers are started by the loader under test
 as usual (spawn workers are fresh interpreters; a forkserver is the child's own).
 
-Not for what must be a fresh interpreter: ``exit.clean_interpreter`` (what an
-interpreter prints at exit is the point), the preflight (it measures a boot) and the
-benchmark (it publishes each process's memory). The speed clause's trials use it: no
-span they measure includes the driver's own imports. The zygote runs no Python
+``exit.clean_interpreter`` uses it too: what it judges comes from the child's own exit
+(only torch's import-time output, not the loader's, would miss its stderr). Not for the
+preflight (it measures a boot), the ``workerstart_clean_exit`` fixture (a user's
+callable, fresh as documented), the benchmark and the speed clause's trials (timings in fresh processes; forking them
+measured no faster here: a trial's own imports are a small part of it). The zygote runs no Python
 thread and no torch operation: it refuses to fork (and the runner starts a fresh
 interpreter) if its imports left a Python thread running.
 
