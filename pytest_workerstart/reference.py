@@ -49,6 +49,7 @@ from torch.utils.data import DataLoader
 
 from pytest_workerstart import _torch_internals as torch_internals
 from pytest_workerstart import driverwatch
+from pytest_workerstart import private_forkserver
 from pytest_workerstart.probes.cores import usable_cores  # noqa: F401 - public here too (docs/reference.md)
 
 __all__ = ["ParallelStartDataLoader", "WorkerStartError", "WorkerFailedError", "preload_forkserver", "usable_cores"]
@@ -107,6 +108,51 @@ def _name_unpicklable(err: BaseException, arguments: dict, method: str) -> None:
 def _is_worker_failure(exc: BaseException) -> bool:
     text = str(exc)
     return text.startswith("DataLoader worker") or text.startswith("DataLoader timed out")
+
+
+def _validate_flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _validate_preload(value) -> tuple[str, ...]:
+    if isinstance(value, str) or not all(isinstance(v, str) and v for v in _iterable(value)):
+        raise TypeError(f"preload must be a list of module names, got {value!r}")
+    return tuple(value)
+
+
+def _iterable(value) -> list:
+    try:
+        return list(value)
+    except TypeError:
+        return [None]
+
+
+def _modules_of(*objs) -> list[str]:
+    """Modules a worker imports to unpickle ``objs`` (``__main__`` never: its preload
+    differs across Python versions, cpython#126631)."""
+    out = []
+    for obj in objs:
+        if obj is None:
+            continue
+        obj = getattr(obj, "func", obj)  # functools.partial
+        mod = getattr(obj, "__module__", None) if callable(obj) and not isinstance(obj, type) else None
+        mod = mod or type(obj).__module__
+        if isinstance(mod, str) and mod not in ("__main__", "builtins"):
+            out.append(mod)
+    return out
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        import warnings
+
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def _validate_parallelism(value) -> int:
@@ -201,14 +247,35 @@ class ParallelStartDataLoader(DataLoader):
         pin_memory_device="",
         in_order=True,
         worker_start_parallelism: int = 1,
+        private_forkserver: bool = True,
+        preload=(),
     ) -> None:
         self.worker_start_parallelism = _validate_parallelism(worker_start_parallelism)
+        self.private_forkserver = _validate_flag("private_forkserver", private_forkserver)
+        self.preload = _validate_preload(preload)
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
             drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order,
         )
+        # Boot the server now, in the background: its torch import overlaps whatever the
+        # caller does before iter(). Only for an explicit forkserver context: asking the
+        # default context its method would fix the process's start method.
+        ctx = self.multiprocessing_context
+        if self.num_workers > 0 and ctx is not None and ctx.get_start_method() == "forkserver":
+            self._private_server("forkserver")
+
+    def _private_server(self, method: str):
+        """The private forkserver this loader's workers boot from under ``method``, or None."""
+        if method != "forkserver" or not self.private_forkserver:
+            return None
+        why = private_forkserver.unsupported()
+        if why is not None:
+            _warn_once(f"ParallelStartDataLoader: {why}; workers boot from multiprocessing's forkserver")
+            return None
+        implicit = _modules_of(self.dataset, self.collate_fn, self.worker_init_fn, self.multiprocessing_context)
+        return private_forkserver.server_for(implicit, self.preload)
 
     def __iter__(self):
         # counted by the iterator itself, so the count outlives it (``for ... break`` drops it)
@@ -286,20 +353,30 @@ class _Launcher:
     """Starts ``workers`` in id order, at most ``parallelism`` at once, in threads.
 
     After the first failure no new start begins; in-flight ones finish.
+    ``first_batch_first``: workers from id ``parallelism`` on wait until
+    :meth:`open_gate` (the first batch arrived), so the workers that compute the
+    first batches do not share the CPU with the rest: worth it only where a start
+    is cheap (a fork from the private forkserver), not where each is a boot.
     Plain threads, not a
     ThreadPoolExecutor: a KeyboardInterrupt inside ``submit`` can leave a pool
     thread that nothing joins; these are joined even after an interrupted
     ``Thread.start()``.
     """
 
-    def __init__(self, workers: list, parallelism: int) -> None:
+    def __init__(self, workers: list, parallelism: int, first_batch_first: bool = False) -> None:
         self.workers = workers
         self.parallelism = min(parallelism, len(workers))
         self.errors: dict[int, BaseException] = {}
         self._stop = threading.Event()
+        self._gate = threading.Event()
+        if not first_batch_first:
+            self._gate.set()
         self._next_id = iter(range(len(workers)))
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+
+    def open_gate(self) -> None:
+        self._gate.set()
 
     def begin(self) -> "_Launcher":
         for k in range(self.parallelism):
@@ -314,6 +391,12 @@ class _Launcher:
                 i = next(self._next_id, None)
             if i is None:
                 return
+            if i >= self.parallelism:
+                while not self._gate.wait(0.05):
+                    if self._stop.is_set():
+                        return
+                if self._stop.is_set():
+                    return
             try:
                 self.workers[i].start()
             except BaseException as exc:  # noqa: BLE001 - reported by failure()
@@ -335,6 +418,7 @@ class _Launcher:
 
     def halt(self) -> None:
         self._stop.set()
+        self._gate.set()
         self.join()
 
     def failure(self) -> WorkerStartError | BaseException | None:
@@ -413,6 +497,7 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         self._pending: _Launcher | None = None
         self._launches: list | None = None
         parallelism = self._effective_parallelism(loader, method)
+        self._server = loader._private_server(method)
         # what every worker is sent, by the keyword that set it (to name one that does not pickle)
         self._sent = {"dataset": loader.dataset, "collate_fn": loader.collate_fn,
                       "worker_init_fn": loader.worker_init_fn}
@@ -466,6 +551,8 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
             super()._shutdown_workers()
         finally:
             _LIVE_INDEX_QUEUES.pop(id(self), None)
+            if getattr(self, "_server", None) is not None:
+                private_forkserver.reap_retired()  # a replaced server exits with its last worker
 
     # --- deferred start ------------------------------------------------------
     # With parallelism > 1, iter() builds every worker and queue, primes the
@@ -523,6 +610,9 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
     def _try_get_data(self, timeout=torch_internals.MP_STATUS_CHECK_INTERVAL):
         if self._pending is None:
             return super()._try_get_data(timeout)
+        owed = self._task_info.get(self._rcvd_idx)
+        if owed and owed[0] >= self._pending.parallelism:
+            self._pending.open_gate()  # the next batch is a gated worker's (e.g. the first ones' shards ran dry)
         deadline = time.monotonic() + timeout
         while True:
             self._settle()
@@ -575,7 +665,7 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         _name_unpicklable(exc, self._sent, self._method)
 
     def _launcher(self, procs: list, parallelism: int) -> _Launcher:
-        return _Launcher(procs, parallelism)
+        return _Launcher(procs, parallelism, first_batch_first=self._server is not None)
 
     def _cleanup_failed_start(self, launches: list) -> None:
         _stop_launches(launches, self._workers_done_event)
@@ -602,6 +692,8 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
             q = ctx.Queue()
             q.cancel_join_thread()  # the driver never waits on what it sent
             w = ctx.Process(target=self._worker_target(), args=(token, torch_internals.worker_loop_kwargs(self, i, q)), daemon=True)
+            if self._server is not None:
+                private_forkserver.redirect(w)
             launches.append((q, w))
 
     def _abandon(self) -> None:
@@ -620,6 +712,8 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         try:
             self._settle()
             batch = super().__next__()
+            if self._pending is not None:
+                self._pending.open_gate()  # the first batch is here: start the rest
             if self._ws_progress is not None:
                 self._ws_progress.delivered += 1
             return batch

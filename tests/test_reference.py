@@ -41,12 +41,21 @@ def test_parallelism_validation(bad, exc):
         ParallelStartDataLoader(WorkerTagDataset(4), num_workers=2, worker_start_parallelism=bad)
 
 
-def test_signature_is_torch_plus_one():
+def test_signature_is_torch_plus_its_own_keywords():
     import inspect
 
     torch_params = list(inspect.signature(DataLoader.__init__).parameters)
     ours = list(inspect.signature(ParallelStartDataLoader.__init__).parameters)
-    assert ours == torch_params + ["worker_start_parallelism"]
+    assert ours == torch_params + ["worker_start_parallelism", "private_forkserver", "preload"]
+
+
+@pytest.mark.parametrize("kw, match", [({"private_forkserver": 1}, "private_forkserver"),
+                                       ({"private_forkserver": None}, "private_forkserver"),
+                                       ({"preload": "numpy"}, "preload"), ({"preload": [1]}, "preload"),
+                                       ({"preload": ["numpy", ""]}, "preload"), ({"preload": 3}, "preload")])
+def test_forkserver_keyword_validation(kw, match):
+    with pytest.raises(TypeError, match=match):
+        ParallelStartDataLoader(WorkerTagDataset(4), num_workers=2, **kw)
 
 
 def _all(loader):

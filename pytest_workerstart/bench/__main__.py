@@ -39,6 +39,8 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, default=5, help="fresh-process trials per configuration")
     p.add_argument("--max-batches", type=int, default=100, help="steady state is measured over batches 2..max")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=1, choices=(1, 2),
+                   help="2: drop the first iterator after --max-batches and time a second one (a new epoch)")
     p.add_argument("--data-root", help="an existing EuroSAT folder (used unchanged) instead of the generated set")
     p.add_argument("--make-dataset", action="store_true", help="generate (or verify) the offline set, print its path, exit")
     p.add_argument("--per-class", type=int, default=EUROSAT_PER_CLASS, help="generated images per class (EuroSAT: 2700)")

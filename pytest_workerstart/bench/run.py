@@ -28,7 +28,9 @@ METRICS = ("constructor_s", "iterator_creation_s", "time_to_first_batch_s", "ste
 #: the dataset's module before the first worker (the server's own boot is not timed).
 CONTEXTS = ("spawn", "forkserver", "forkserver+preload", "fork")
 PRELOAD = ("torch", "torchvision", "pytest_workerstart.bench.eurosat")
-SCHEMA = 1
+#: what a second iterator (``--epochs 2``) reports, timed from its ``iter()``
+EPOCH2_METRICS = ("shutdown_s", "time_to_first_batch_s", "batches_per_s")
+SCHEMA = 2  # 2: arrival times of every batch, the second iterator (``epochs``), times from construction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +104,7 @@ def machine() -> dict[str, Any]:
 
 
 def trial_kwargs(cfg: Config, loader_payload: dict, dataset_kwargs: dict, batch_size: int, max_batches: int,
-                 seed: int) -> dict[str, Any]:
+                 seed: int, epochs: int = 1) -> dict[str, Any]:
     base_ctx, _, extra = cfg.context.partition("+")
     return {
         "loader": loader_payload, "dataset": DATASET, "dataset_kwargs": dataset_kwargs,
@@ -110,7 +112,7 @@ def trial_kwargs(cfg: Config, loader_payload: dict, dataset_kwargs: dict, batch_
                           "prefetch_factor": 2},
         "context": base_ctx, "parallelism": None if cfg.parallelism == 1 else cfg.parallelism,
         "max_batches": max_batches, "preload": list(PRELOAD) if extra == "preload" else [],
-        "generator_seed": seed,
+        "generator_seed": seed, "epochs": epochs,
     }
 
 
@@ -139,7 +141,13 @@ def summarize_results(configs: list[Config], raw: dict[str, list[dict]]) -> dict
         out["configs"][c.name] = {
             **dataclasses.asdict(c), "trials": trials, "errors": len(trials) - len(ok),
             "summary": {m: summarize([t[m] for t in ok]) for m in METRICS},
+            "arrivals": arrival_summary([t.get("arrival_s") for t in ok]),
         }
+        second = [t["epoch2"] for t in ok if t.get("epoch2")]
+        if second:
+            out["configs"][c.name]["epoch2"] = {
+                "summary": {m: summarize([t[m] for t in second]) for m in EPOCH2_METRICS},
+                "arrivals": arrival_summary([t["arrival_s"] for t in second])}
     for base, cand, kind in _comparisons(configs):
         a = [t.get("time_to_first_batch_s") for t in raw[base.name]]
         b = [t.get("time_to_first_batch_s") for t in raw[cand.name]]
@@ -148,6 +156,28 @@ def summarize_results(configs: list[Config], raw: dict[str, list[dict]]) -> dict
                                    "metric": "time_to_first_batch_s", **paired_ratio(b, a)})
     out["digests"] = digest_summary(configs, digests)
     return out
+
+
+def arrival_summary(series: list[list[float] | None]) -> dict[str, list[float]]:
+    """Per batch k (1..the shortest series): median, p10 and p90 of its arrival time over trials."""
+    series = [s for s in series if s]
+    if not series:
+        return {"median": [], "p10": [], "p90": [], "n": 0}
+    per_k = [summarize([s[k] for s in series]) for k in range(min(len(s) for s in series))]
+    return {q: [p[q] for p in per_k] for q in ("median", "p10", "p90")} | {"n": len(series)}
+
+
+def first_to_deliver(result: dict[str, Any], epoch: int = 1) -> list[tuple[int, str]]:
+    """For each batch k (1-based), the configuration whose median arrival was earliest."""
+    curves = {}
+    for name, cfg in result["configs"].items():
+        arr = (cfg.get("epoch2") or {}).get("arrivals") if epoch == 2 else cfg.get("arrivals")
+        if arr and arr["median"]:
+            curves[name] = arr["median"]
+    if not curves:
+        return []
+    k_max = min(len(v) for v in curves.values())
+    return [(k + 1, min(curves, key=lambda n: curves[n][k])) for k in range(k_max)]
 
 
 def digest_summary(configs: list[Config], digests: dict[str, set[str]]) -> dict[str, Any]:
@@ -184,7 +214,8 @@ def run(args, progress) -> dict[str, Any]:
     parallel = {spec: under_test.parallel_contexts() for spec, under_test in under_tests.items()}
     configs = plan(args.loader, args.context, args.num_workers, args.parallelism, parallel)
     dataset_kwargs = {"root": str(root), "limit": args.limit}
-    per = {c.name: trial_kwargs(c, under_tests[c.loader].payload(), dataset_kwargs, args.batch_size, args.max_batches, args.seed)
+    per = {c.name: trial_kwargs(c, under_tests[c.loader].payload(), dataset_kwargs, args.batch_size, args.max_batches,
+                                args.seed, args.epochs)
            for c in configs}
     progress(f"{len(configs)} configurations x {args.trials} trials = {len(configs) * args.trials} fresh processes")
     raw = run_trials(per, args.trials, timeout=args.trial_timeout, progress=progress, keep_going=True)
@@ -197,7 +228,8 @@ def run(args, progress) -> dict[str, Any]:
         "machine": machine(),
         "workload": {"dataset": DATASET, "root": str(root), "tree_sha256": checksum, "images": len(ds),
                      "dataset_pickle_bytes": len(pickle.dumps(ds)), "batch_size": args.batch_size,
-                     "max_batches": args.max_batches, "prefetch_factor": 2, "shuffle_seed": args.seed,
+                     "max_batches": args.max_batches, "epochs": args.epochs, "prefetch_factor": 2,
+                     "shuffle_seed": args.seed,
                      "preload": list(PRELOAD)},
         "loaders": {spec: under_test.describe() for spec, under_test in under_tests.items()},
         "trials_per_config": args.trials,

@@ -74,14 +74,49 @@ def alive(proc: psutil.Process) -> bool:
         return False
 
 
-def helper_fds() -> set[int]:
-    """fds the driver holds for the shared resource tracker, the forkserver and the zygote.
+def _pipe_and_socket_fds(pid: int | str) -> set[str]:
+    """The ``pipe:[inode]`` / ``socket:[inode]`` targets process ``pid`` holds open."""
+    out: set[str] = set()
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith(("pipe:", "socket:")):
+            out.add(target)
+    return out
 
-    They live as long as the process, belong to no loader, and appear on first
-    use: never count them as leaks. (multiprocessing private attributes, read
-    defensively.)
+
+def helper_fds() -> set[int]:
+    """fds the driver holds for its helpers: the resource tracker, forkservers (a
+    loader's own included) and the zygote.
+
+    They live as long as the process, belong to no iterator, and appear on first
+    use: never count them as leaks. Named ones are read from multiprocessing
+    (private attributes, read defensively); the rest are the driver's pipes and
+    sockets whose other end a helper holds, which covers a server a loader runs
+    for itself without the suite knowing its code. (A forkserver also holds the
+    status pipe of each worker it forked while that worker runs: a live worker
+    is reported as a process, not through that fd.)
     """
     fds: set[int] = set()
+    shared: set[str] = set()
+    for proc in helpers():
+        shared |= _pipe_and_socket_fds(proc.pid)
+    if shared:
+        try:
+            for name in os.listdir("/proc/self/fd"):
+                try:
+                    if os.readlink(f"/proc/self/fd/{name}") in shared:
+                        fds.add(int(name))
+                except OSError:
+                    continue
+        except OSError:
+            pass
     try:
         from multiprocessing import forkserver, resource_tracker
 

@@ -92,15 +92,22 @@ def _pids(batch) -> set[int]:
 
 def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict, context: str,
           parallelism: int | None, max_batches: int, preload: Sequence[str] = (),
-          generator_seed: int | None = None, tag_workers: bool = False) -> dict[str, Any]:
+          generator_seed: int | None = None, tag_workers: bool = False, epochs: int = 1) -> dict[str, Any]:
     """One measurement; runs inside the fresh interpreter.
+
+    Times are from the start of the loader's constructor (a loader that starts
+    helpers there pays for them in every figure). ``arrival_s[k-1]``: when batch k
+    arrived, for k = 1..``max_batches`` (the memory sampling pause after batch 1 left out).
 
     ``generator_seed`` gives the loader ``generator=torch.Generator().manual_seed(seed)``
     (shuffle order and worker seeds), so every trial sees the same first batch.
     ``tag_workers`` (a map-style dataset of tuples) wraps it in :class:`WorkerTagged`
-    and measures ``time_to_all_workers_s``: from the end of the constructor until
+    and measures ``time_to_all_workers_s``: from the start of the constructor until
     every one of ``num_workers`` pids has delivered a batch (``None`` if some never
     did within ``max_batches``). The first-batch digest leaves the tag out.
+    ``epochs=2``: the first iterator is dropped after its batches and a second one
+    drawn from the same loader: ``epoch2`` holds its figures, timed from its ``iter()``
+    (``shutdown_s``: dropping the first iterator).
     """
     import importlib
     import multiprocessing
@@ -143,7 +150,7 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
     first = next(it)
     t3 = time.perf_counter()
     seen = _pids(first) if tag_workers else set()
-    all_workers = t3 - t1 if len(seen) >= want else None
+    all_workers = t3 - t0 if len(seen) >= want else None
     if tag_workers:
         first = _untag(first)
     digest = batch_digest(first)
@@ -155,6 +162,8 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
     samples = 0
     arrivals = []  # (batch number, samples so far, time) for batches 2..max
     t4 = time.perf_counter()
+    pause = t4 - t3  # memory sampling, left out of every later arrival time
+    batch = None
     for batch in it:
         n += 1
         samples += _batch_len(batch)
@@ -163,7 +172,7 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
         if tag_workers and all_workers is None:
             seen |= _pids(batch)
             if len(seen) >= want:
-                all_workers = now - t1 - (t4 - t3)  # without the PSS sampling pause
+                all_workers = now - t0 - pause
         if n + 1 == warm_from:
             note_peaks()  # a few /proc reads, before the throughput window begins
             cpu_warm = (samples, tree_cpu_s())
@@ -173,7 +182,15 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
     cpu_end = tree_cpu_s()
     pss2 = tree_pss()
     note_peaks()
-    del it, dl
+    second = None
+    if epochs >= 2:
+        t6 = time.perf_counter()
+        del it, batch
+        gc.collect()
+        second = _second_epoch(dl, max_batches, time.perf_counter() - t6, tag_workers)
+    else:
+        del it
+    del dl
     warm = [a for a in arrivals if a[0] >= warm_from]
     warm_rate = warm_cpu = None
     if len(warm) >= 3:
@@ -182,16 +199,38 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
         # for the loader's steady state whatever else runs beside it
         warm_cpu = (cpu_end - cpu_warm[1]) / (samples - cpu_warm[0])
     return {
-        "constructor_s": t1 - t0, "iterator_creation_s": t2 - t1, "time_to_first_batch_s": t3 - t1,
+        "constructor_s": t1 - t0, "iterator_creation_s": t2 - t1, "time_to_first_batch_s": t3 - t0,
         "steady_batches": n, "steady_samples_per_s": samples / (t5 - t4) if t5 > t4 and samples else None,
         "warm_samples_per_s": warm_rate, "warm_cpu_s_per_sample": warm_cpu, "warm_from_batch": warm_from,
         # first batch to last, without the PSS sampling pause in between
-        "time_to_last_batch_s": (t5 - t1) - (t4 - t3),
+        "time_to_last_batch_s": (t5 - t0) - pause,
+        "arrival_s": [t3 - t0] + [a[2] - t0 - pause for a in arrivals],
         "time_to_all_workers_s": all_workers, "workers_delivered": len(seen) if tag_workers else None,
         "pss_increase_mb": (max(pss1, pss2) - pss0) / 2**20,
         "peak_rss_increase_mb": (sum(peaks.values()) - hwm0) / 2**20,
-        "first_batch_digest": digest, "batch_size": size,
+        "first_batch_digest": digest, "batch_size": size, "epoch2": second,
     }
+
+
+def _second_epoch(dl, max_batches: int, shutdown_s: float, tag_workers: bool) -> dict[str, Any]:
+    """A second iterator of ``dl`` (a new epoch), timed from its ``iter()``."""
+    from pytest_workerstart.probes.digest import batch_digest
+
+    t1 = time.perf_counter()
+    it2 = iter(dl)
+    arrivals = []
+    digest = None
+    for batch in it2:
+        arrivals.append(time.perf_counter() - t1)
+        if digest is None:
+            digest = batch_digest(_untag(batch) if tag_workers else batch)
+        if len(arrivals) >= max_batches:
+            break
+    del it2
+    span = arrivals[-1] - arrivals[0] if len(arrivals) > 1 else 0.0
+    return {"shutdown_s": shutdown_s, "time_to_first_batch_s": arrivals[0] if arrivals else None,
+            "arrival_s": arrivals, "batches_per_s": (len(arrivals) - 1) / span if span > 0 else None,
+            "first_batch_digest": digest}
 
 
 def _batch_len(batch) -> int:
