@@ -8,7 +8,7 @@ PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: venv test test-under-load conformance conformance-quick docs bench tox clean
+.PHONY: venv test test-under-load conformance conformance-quick docs bench bench-epochs tox clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -55,6 +55,18 @@ bench: $(STAMP)
 	$(BENCH) plot docs/bench/scaling.json -o docs/bench/scaling.png --workers 8
 	$(BENCH) table docs/bench/loaders.json docs/bench/scaling.json > docs/bench/results.md
 	$(BENCH) targets docs/bench/loaders.json > docs/bench/reference.md
+	$(MAKE) --no-print-directory bench-epochs
+
+# Time to batch k over two iterators (persistent_workers=False): the reference on its
+# own forkserver against torch (issue #16's targets), about 15 minutes here.
+EPOCH_CONFIGS = torch/spawn/w1/p1 torch/spawn/w8/p1 torch/forkserver/w8/p1 reference/spawn/w8/pcores \
+	reference/forkserver/w8/p1 reference/forkserver/w8/pcores reference/forkserver/w16/pcores
+bench-epochs: $(STAMP)
+	$(BENCH) --make-dataset
+	$(BENCH) --config $(EPOCH_CONFIGS) --epochs 2 --trials 3 --max-batches 40 --label "$(BENCH_LABEL)" \
+	    --json docs/bench/epochs.json
+	$(BENCH) arrivals docs/bench/epochs.json -o docs/bench/arrivals.png
+	$(BENCH) epochs docs/bench/epochs.json > docs/bench/epochs.md
 
 # tox (virtualenv) does not resolve pyenv shims: put each pyenv version's bin/ on PATH.
 ENVS ?= py312-spawn,py313-forkserver

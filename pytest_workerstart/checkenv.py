@@ -200,6 +200,11 @@ class CheckEnv:
         for ctx in self._contexts:
             left.update({n: i for n, i in ctx.shm_at_exit().items() if not n.startswith("sem.")})
         gone = leaks.unlink_created_since(self._shm_before, left) if left else []
+        forked_by = set().union(*(ctx.forked_by() for ctx in self._contexts))
+        if forked_by and self.request is not None:
+            from pytest_workerstart.verdict import record_measurements
+
+            record_measurements(self.request.node, workers_forked_by=sorted(forked_by))
         if gone:
             self.request.node.add_report_section(
                 "teardown", "workerstart", f"unlinked {len(gone)} /dev/shm entries the loader's workers left: "

@@ -3,10 +3,12 @@
 ``multiprocessing``'s forkserver is one per process and its preload list is a
 process-wide setting (``set_forkserver_preload``) that a library should not
 change behind its user's back. This module runs a second server that only the
-reference loader uses: it imports torch and the modules of what every worker
-is sent (dataset, ``collate_fn``, ``worker_init_fn``, the context's Process
-class, plus modules the user names) once, and each worker is then a fork of
-it: milliseconds instead of a torch import.
+reference loader uses: it does once what every spawn or forkserver worker does
+for itself (the driver's ``sys.path``, ``sys.argv`` and working directory, its
+main module imported as ``__mp_main__``) and imports torch and the modules of
+what every worker is sent (dataset, ``collate_fn``, ``worker_init_fn``, the
+context's Process class, plus modules the user names); each worker is then a
+fork of it: milliseconds instead of a torch import.
 
 How a worker gets there: the reference sets ``Process._Popen`` on each worker
 *instance* to :func:`popen`, so everything else about the Process (its class,
@@ -15,8 +17,9 @@ the context's own. The server itself is ``multiprocessing.forkserver.main``
 (the stdlib serving loop), started by :class:`PrivateForkServer` with the
 driver's ``sys.path`` (the stdlib server ignores it, so a module found
 through a path added at run time would be imported from elsewhere, or not at
-all) and ``SIGINT`` ignored while it imports (a Ctrl-C to the process group
-must not print a traceback from inside the server's torch import).
+all; and its ``__main__`` preload never happens, cpython#126631) and ``SIGINT``
+ignored while it imports (a Ctrl-C to the process group must not print a
+traceback from inside the server's torch import).
 
 Lifecycle: one current server per process, started on first use, reused by
 every loader, iterator and epoch. A loader that needs a module the current
@@ -56,10 +59,11 @@ BASE_PRELOAD = ("torch", "torch.utils.data", "pytest_workerstart.reference", __n
 
 _MAIN_PARAMS = ("listener_fd", "alive_r", "preload", "main_path", "sys_path")
 
-# The server's command: SIGINT ignored while it imports, the driver's sys.path,
-# then the stdlib serving loop (children get Python's default SIGINT handler back).
+# The server's command: SIGINT ignored while it imports, the driver's sys.path (to
+# find this module), then the preload and the stdlib serving loop (children get
+# Python's default SIGINT handler back).
 _COMMAND = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); import sys; sys.path[:] = {path!r}; "
-            "from multiprocessing.forkserver import main; from {mod} import _preload; _preload({preload!r}); "
+            "from multiprocessing.forkserver import main; from {mod} import _preload; _preload({preload!r}, {prep!r}); "
             "signal.signal(signal.SIGINT, signal.default_int_handler); main({listener}, {alive}, [])")
 
 
@@ -73,6 +77,7 @@ def unsupported() -> str | None:
     for owner, names in ((forkserver.ForkServer, ("connect_to_new_process", "ensure_running")),
                          (popen_forkserver.Popen, ("duplicate_for_child", "_launch", "poll")),
                          (forkserver, ("read_signed",)), (util, ("spawnv_passfds", "_args_from_interpreter_flags")),
+                         (spawn, ("prepare", "get_preparation_data", "_fixup_main_from_name", "_fixup_main_from_path")),
                          (context, ("set_spawning_popen",))):
         missing = [n for n in names if not hasattr(owner, n)]
         if missing:
@@ -80,14 +85,59 @@ def unsupported() -> str | None:
     return None
 
 
-def _preload(modules: list[str]) -> None:
-    """In the server: import what workers will need. A module that fails here is
-    imported again by each worker, which then reports the error where it happens."""
-    for name in modules:
+def _preparation() -> dict:
+    """What a worker's ``spawn.prepare()`` is given about the driver, for the server to do
+    the same once: ``sys.path``, ``sys.argv``, working directory, main module. Built
+    here: ``spawn.get_preparation_data`` would fix the process's default start method."""
+    from multiprocessing import process
+
+    orig = process.ORIGINAL_DIR
+    data = {"sys_path": [orig if p == "" and orig else p for p in sys.path], "sys_argv": list(sys.argv),
+            "dir": os.getcwd(), "orig_dir": orig}
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    path = getattr(main, "__file__", None)
+    if name is not None:
+        data["init_main_from_name"] = name
+    elif path is not None:
+        data["init_main_from_path"] = os.path.normpath(os.path.join(orig or "", path))
+    return data
+
+
+def _preload(modules: list[str], prep: dict) -> None:
+    """In the server: what each worker would do before unpickling its Process (spawn's
+    ``prepare``: the driver's ``sys.path``, ``sys.argv``, working directory, then its
+    main module as ``__mp_main__``), and the imports it would need, done once.
+
+    A module that fails here is imported again by each worker, which then reports
+    the error where it happens. The collector is off while importing and what was
+    imported is then frozen (``gc.freeze``, as Python's gc documentation advises
+    before forking): a worker's collections never write to those objects, so their
+    pages stay shared with the server instead of being copied into every worker."""
+    import gc
+    from multiprocessing import process
+
+    gc.disable()
+    try:
+        base = {k: v for k, v in prep.items() if not k.startswith("init_main")}
+        main = {k: v for k, v in prep.items() if k.startswith("init_main")}
+        spawn.prepare(base)
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except BaseException:  # noqa: BLE001 - never kill the server over a preload
+                pass
+        # as in a worker: a main module that starts processes when imported raises
+        process.current_process()._inheriting = True
         try:
-            importlib.import_module(name)
-        except BaseException:  # noqa: BLE001 - never kill the server over a preload
+            spawn.prepare(main)
+        except BaseException:  # noqa: BLE001
             pass
+        finally:
+            del process.current_process()._inheriting
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 class PrivateForkServer(forkserver.ForkServer):
@@ -129,7 +179,7 @@ class PrivateForkServer(forkserver.ForkServer):
                 alive_r, alive_w = os.pipe()
                 try:
                     cmd = _COMMAND.format(path=list(sys.path), mod=__name__, preload=self._preload_modules,
-                                          listener=listener.fileno(), alive=alive_r)
+                                          prep=_preparation(), listener=listener.fileno(), alive=alive_r)
                     exe = spawn.get_executable()
                     args = [exe, *util._args_from_interpreter_flags(), "-c", cmd]
                     pid = util.spawnv_passfds(exe, args, [listener.fileno(), alive_r])
@@ -155,6 +205,17 @@ class PrivateForkServer(forkserver.ForkServer):
         if self._forkserver_pid is not None and not reaped:
             _RETIRED.add(self._forkserver_pid)
         self._forkserver_address = self._forkserver_alive_fd = self._forkserver_pid = None
+
+    def died(self, pid: int | None, patience: float) -> bool:
+        """Whether server ``pid`` has exited or was replaced (waiting up to ``patience``)."""
+        deadline = time.monotonic() + patience
+        while True:
+            with self._lock:
+                if pid is None or self._forkserver_pid != pid or not _alive(pid):
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
 
     def retire(self) -> None:
         with self._lock:
@@ -269,10 +330,13 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _ServerPopen(popen_forkserver.Popen):
-    """``popen_forkserver.Popen`` whose request goes to the private server."""
+    """``popen_forkserver.Popen`` whose request goes to the private server.
+
+    A server that dies under a request (killed between two of them, before the
+    driver noticed) is replaced and the request sent once more; anything else is
+    an error that names the server."""
 
     def _launch(self, process_obj) -> None:
-        server = server_for()
         prep = spawn.get_preparation_data(process_obj._name)
         buf = io.BytesIO()
         context.set_spawning_popen(self)
@@ -281,6 +345,21 @@ class _ServerPopen(popen_forkserver.Popen):
             reduction.dump(process_obj, buf)
         finally:
             context.set_spawning_popen(None)
+        for attempt in (1, 2):
+            server = server_for()
+            pid = server.pid
+            try:
+                self._request(server, buf)
+                return
+            except (EOFError, OSError) as exc:
+                if self.finalizer is not None:
+                    self.finalizer()  # close this request's pipes
+                    self.finalizer = None
+                if attempt == 2 or not server.died(pid, patience=1.0):
+                    raise RuntimeError(f"the loader's forkserver (pid {pid}) did not start the worker: "
+                                       f"{type(exc).__name__}: {exc}") from exc
+
+    def _request(self, server: "PrivateForkServer", buf: io.BytesIO) -> None:
         self.sentinel, w = server.connect_to_new_process(self._fds)
         # the child watches a copy of the data pipe's write end to see this process die
         parent_w = os.dup(w)

@@ -9,6 +9,10 @@ p > 1 the start is deferred: ``iter()`` returns while the starts run, and
 registered in worker-id order whatever order the starts finish in, so seeds,
 sharding and batch order are exactly torch's.
 
+Under forkserver the workers are forked from the loader's own preloaded server
+(:mod:`pytest_workerstart.private_forkserver`; ``private_forkserver=False``
+opts out), and workers from id p on start once the first batch has arrived.
+
 The iterator's states, and what each failure does (one method per cell):
 
 ============  =====================================  ==========================================
@@ -213,6 +217,11 @@ class ParallelStartDataLoader(DataLoader):
     ``worker_start_parallelism`` (int >= 1, default 1): how many worker starts may
     be in flight at once under spawn and forkserver; capped at ``num_workers``;
     1 starts workers one by one; ignored (serial) under fork.
+
+    ``private_forkserver`` (bool, default True): under forkserver, fork workers from
+    the loader's own server, which has imported torch, the main module and the
+    modules of what workers are sent (docs/reference.md); False: multiprocessing's.
+    ``preload`` (module names): more modules that server imports once.
 
     ``state_dict()`` / ``load_state_dict()``: resume an epoch of a map-style dataset
     where it stopped, in a new loader built with the same arguments (the generator's
@@ -644,6 +653,7 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         procs: list = []
         try:
             self._build(ctx, launches)
+            self._boot_from_server(launches)
             procs.extend(w for _, w in launches)
             if parallelism > 1:
                 self._pending = self._launcher(procs, parallelism)
@@ -682,6 +692,13 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         self._index_queues = [q for q, _ in launches]
         self._workers = [w for _, w in launches]
 
+    def _boot_from_server(self, launches: list) -> None:
+        """Workers not started yet boot from the private forkserver, if one is in use."""
+        if self._server is not None:
+            for _, w in launches:
+                if w._popen is None:
+                    private_forkserver.redirect(w)
+
     def _worker_target(self):
         return _worker_main
 
@@ -692,8 +709,6 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
             q = ctx.Queue()
             q.cancel_join_thread()  # the driver never waits on what it sent
             w = ctx.Process(target=self._worker_target(), args=(token, torch_internals.worker_loop_kwargs(self, i, q)), daemon=True)
-            if self._server is not None:
-                private_forkserver.redirect(w)
             launches.append((q, w))
 
     def _abandon(self) -> None:
@@ -717,8 +732,11 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
             if self._ws_progress is not None:
                 self._ws_progress.delivered += 1
             return batch
-        except WorkerStartError:
-            raise  # _settle cleaned up already
+        except WorkerStartError as exc:
+            # _settle cleaned up already; when it raised from inside torch's _next_data
+            # (waiting for data), that frame's locals hold a received batch: drop them
+            _scrub(exc)
+            raise
         except RuntimeError as exc:
             if not _is_worker_failure(exc):
                 if self._pending is not None:

@@ -102,6 +102,16 @@ class WorkerstartSession:
                 clauses[check.clause if check else r.id] = path
         return {ctx: dict(sorted(c.items())) for ctx, c in sorted(out.items())}
 
+    def forked_by(self) -> dict[str, dict[str, int]]:
+        """Per context, which process forked the workers of how many in-process checks (the
+        instrumented context's observation: a loader's own forkserver shows as "another process")."""
+        out: dict[str, dict[str, int]] = {}
+        for r in self.verdict.records.values():
+            for who in (r.measurements or {}).get("workers_forked_by", ()):
+                per = out.setdefault(r.context or "-", {})
+                per[who] = per.get(who, 0) + 1
+        return dict(sorted(out.items()))
+
     def _scenario_jobs(self) -> int:
         if self.settings.scenario_jobs is not None:
             return self.settings.scenario_jobs
@@ -421,6 +431,10 @@ class WorkerstartSession:
             parallel = [c for c, path in clauses.items() if path == "parallel"]
             tr.write_line(f"workerstart: coverage {ctx}: parallel start exercised in "
                           f"{', '.join(parallel) if parallel else 'no clause'}")
+        for ctx, who in self.forked_by().items():
+            if ctx == "forkserver" or set(who) != {"driver"}:
+                tr.write_line(f"workerstart: {ctx} workers forked by "
+                              + ", ".join(f"{w} ({n} checks)" for w, n in sorted(who.items())))
         if self.loader.kwarg_not_found:
             tr.write_line(f"workerstart: no parallelism keyword found for {self.loader.spec}: parallel start was never "
                           f"exercised; name it with --workerstart-parallelism-kwarg=NAME "

@@ -130,3 +130,36 @@ def test_bad_loader_spec_is_one_line_usage_error(small_set, capsys):
     code = main(["--data-root", str(small_set[0]), "--loader", "no_such_module:Loader", "--trials", "1"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("ERROR: ") and "no_such_module" in err[0]
+
+
+@pytest.mark.timeout(600)
+def test_exact_configs_two_epochs_arrivals_and_epoch_targets(small_set, tmp_path, capsys):
+    """--config picks configurations; --epochs 2 times a second iterator; every batch's arrival is kept,
+    summarised per k, drawn, and the issue-16 targets table renders from it."""
+    code, res = _cli(["--data-root", str(small_set[0]), "--config", "torch/spawn/w1/p1", "reference/forkserver/w2/pN",
+                      "--epochs", "2", "--trials", "2", "--max-batches", "4", "--batch-size", "8"], tmp_path)
+    assert code == 0, capsys.readouterr().err[-2000:]
+    assert list(res["configs"]) == ["torch/spawn/w1/p1", "reference/forkserver/w2/p2"]
+    for cfg in res["configs"].values():
+        for t in cfg["trials"]:
+            arr = t["arrival_s"]
+            assert len(arr) == 4 and arr == sorted(arr) and arr[0] == t["time_to_first_batch_s"]
+            assert len(t["epoch2"]["arrival_s"]) == 4 and t["epoch2"]["time_to_first_batch_s"] > 0
+        assert len(cfg["arrivals"]["median"]) == 4 and cfg["arrivals"]["n"] == 2
+        assert len(cfg["epoch2"]["arrivals"]["p90"]) == 4
+    assert res["digests"]["match"] and res["digests"]["across_loaders"]
+    firsts = run.first_to_deliver(res, 2)
+    assert [k for k, _ in firsts] == [1, 2, 3, 4] and {n for _, n in firsts} <= set(res["configs"])
+    png = tmp_path / "arrivals.png"
+    assert main(["arrivals", str(tmp_path / "r.json"), "-o", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["epochs", str(tmp_path / "r.json")]) == 0
+    text = capsys.readouterr().out
+    assert "first batch, 2nd iterator" in text and "which configuration delivered batch k first" in text
+
+
+@pytest.mark.parametrize("bad", ["torch/spawn/8/p1", "torch/nope/w8/p1", "torch/spawn/w8/px", "torch/spawn/w8/p2"])
+def test_bad_config_is_one_line_usage_error(small_set, capsys, bad):
+    code = main(["--data-root", str(small_set[0]), "--config", bad, "--trials", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("ERROR: ") and bad in err[0], err

@@ -10,8 +10,8 @@ docs cannot go unchecked):
   capabilities; usage errors would exit 4. A command whose third-party
   package is not installed is skipped.
   Full runs of the same options are the self-tests and ``make conformance``.
-* ``python -m pytest_workerstart.bench``: ``plot``/``table``/``targets`` run for
-  real on the committed results; a benchmark run is parsed by its own parser
+* ``python -m pytest_workerstart.bench``: ``plot``/``arrivals``/``table``/``targets``/``epochs``
+  run for real on the committed results; a benchmark run is parsed by its own parser
   (``tests/test_bench.py`` runs the harness end to end).
 * ``python -m pytest_workerstart.results_table``: run for real, output compared.
 * ``make T``: ``make -n T``. ``tox -e E``: each E is a configured environment.
@@ -130,7 +130,7 @@ def _pytest(args, tmp_path):
 def _bench(args, tmp_path, redirect):
     from pytest_workerstart.bench import __main__ as bench
 
-    if args and args[0] in ("plot", "table", "targets"):
+    if args and args[0] in ("plot", "arrivals", "table", "targets", "epochs"):
         real = [str(tmp_path / Path(a).name) if a.endswith(".png") else a for a in args]
         proc = subprocess.run([sys.executable, "-m", "pytest_workerstart.bench", *real], cwd=ROOT,
                               capture_output=True, text=True, timeout=300)

@@ -5,6 +5,8 @@
         --context spawn forkserver --num-workers 1 2 4 8 --parallelism 1 N \\
         --trials 5 --max-batches 100 --json results.json
     python -m pytest_workerstart.bench plot results.json -o fig.png
+    python -m pytest_workerstart.bench arrivals results.json -o fig.png    # batch k's arrival, per configuration
+    python -m pytest_workerstart.bench epochs results.json                 # the second-epoch targets (markdown)
     python -m pytest_workerstart.bench table results.json [more.json ...]   # markdown
     python -m pytest_workerstart.bench targets results.json                 # the reference loader's targets
 
@@ -36,6 +38,9 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-workers", nargs="+", type=int, default=[8])
     p.add_argument("--parallelism", nargs="+", default=["1", "N"],
                    help="values of the parallelism argument: integers, N (= workers) or cores (= usable cores)")
+    p.add_argument("--config", nargs="+", default=[], metavar="LOADER/CONTEXT/wN/pP",
+                   help="exact configurations instead of the --loader x --context x --num-workers x "
+                        "--parallelism product, e.g. torch/spawn/w1/p1 reference/forkserver/w8/pcores")
     p.add_argument("--trials", type=int, default=5, help="fresh-process trials per configuration")
     p.add_argument("--max-batches", type=int, default=100, help="steady state is measured over batches 2..max")
     p.add_argument("--batch-size", type=int, default=64)
@@ -84,7 +89,7 @@ def print_table(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] in (["table"], ["targets"]):
+    if argv[:1] in (["table"], ["targets"], ["epochs"]):
         from pytest_workerstart.bench.report import render
 
         results = []
@@ -104,6 +109,14 @@ def main(argv: list[str] | None = None) -> int:
             plot(json.load(f), a.output, workers=a.workers)
         print(a.output)
         return 0
+    if argv[:1] == ["arrivals"]:
+        from pytest_workerstart.bench.plot import plot_arrivals
+
+        a = plot_parser().parse_args(argv[1:])
+        with open(a.results) as f:
+            plot_arrivals(json.load(f), a.output)
+        print(a.output)
+        return 0
     args = run_parser().parse_args(argv)
     from pytest_workerstart.bench import eurosat, run
 
@@ -121,8 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     from pytest_workerstart.protocol import SpecError
 
     try:
+        for text in args.config:
+            run.parse_config(text, {text.rsplit("/", 3)[0]: run.CONTEXTS})  # syntax only; loaders resolved by run
+    except ValueError as exc:
+        print(f"ERROR: --config: {exc}", file=sys.stderr)
+        return 2
+    try:
         result = run.run(args, _progress)
-    except SpecError as exc:
+    except (SpecError, ValueError) as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2
     if args.json_out:

@@ -120,3 +120,42 @@ def _scaling(ax, configs: list[dict], color_of: dict) -> None:
     ax.set_title("scaling: median time to first batch (s)", fontsize=10)
     ax.legend(fontsize=6)
     ax.grid(alpha=0.3)
+
+
+def plot_arrivals(result: dict[str, Any], output: str) -> None:
+    """When batch k arrived (median, p10-p90 band) for every configuration; one panel per
+    iterator (the second only for runs with ``--epochs 2``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = result["configs"]
+    second = any(c.get("epoch2") for c in configs.values())
+    fig, axes = plt.subplots(1, 2 if second else 1, figsize=(16 if second else 9, 6), squeeze=False)
+    colors = plt.get_cmap("tab10")
+    for col, (title, pick) in enumerate([("1st iterator: time from the loader's constructor (s)",
+                                          lambda c: c.get("arrivals")),
+                                         ("2nd iterator (persistent_workers=False): time from its iter() (s)",
+                                          lambda c: (c.get("epoch2") or {}).get("arrivals"))][:2 if second else 1]):
+        ax = axes[0][col]
+        for i, (name, cfg) in enumerate(configs.items()):
+            arr = pick(cfg)
+            if not arr or not arr["median"]:
+                continue
+            ks = range(1, len(arr["median"]) + 1)
+            ax.plot(ks, arr["median"], "-", color=colors(i % 10), lw=1.4, label=name)
+            ax.fill_between(ks, arr["p10"], arr["p90"], color=colors(i % 10), alpha=0.15, lw=0)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch k")
+        ax.set_ylabel("arrival (s, log scale)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    m = result["machine"]
+    fig.suptitle(f"Arrival of batch k - {result.get('label') or ''} {m['cpu_model']}, {m['usable_cores']} usable "
+                 f"cores, Python {m['python']}, torch {m['torch']} - medians over {result['trials_per_config']} "
+                 "fresh-process trials, p10-p90 bands", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(output, dpi=110)
+    plt.close(fig)

@@ -75,6 +75,24 @@ def plan(loaders: Iterable[str], contexts: Iterable[str], workers: Iterable[int]
     return out
 
 
+def parse_config(text: str, parallel_contexts: dict[str, tuple[str, ...]]) -> Config:
+    """``LOADER/CONTEXT/wN/pP`` (P: an integer, ``N`` or ``cores``), e.g. ``torch/spawn/w8/p1``."""
+    parts = text.rsplit("/", 3)
+    if len(parts) != 4 or not parts[2].startswith("w") or not parts[3].startswith("p"):
+        raise ValueError(f"configuration {text!r}: expected LOADER/CONTEXT/wN/pP, e.g. torch/spawn/w8/p1")
+    loader, ctx, w, p = parts
+    if ctx not in CONTEXTS:
+        raise ValueError(f"configuration {text!r}: unknown context {ctx!r} (one of {', '.join(CONTEXTS)})")
+    try:
+        workers = int(w[1:])
+        parallelism = parse_parallelism(p[1:], workers)
+    except ValueError:
+        raise ValueError(f"configuration {text!r}: workers and parallelism must be integers (p may be N or cores)") from None
+    if parallelism > 1 and ctx.split("+")[0] not in parallel_contexts.get(loader, ()):
+        raise ValueError(f"configuration {text!r}: {loader} does not declare parallel start for {ctx}")
+    return Config(loader, ctx, workers, parallelism)
+
+
 def machine() -> dict[str, Any]:
     import psutil
     import torch
@@ -210,9 +228,13 @@ def run(args, progress) -> dict[str, Any]:
         checksum = (root / "CHECKSUM").read_text().split()[0] if (root / "CHECKSUM").exists() else None
     else:
         root, checksum = eurosat.make_dataset(per_class=args.per_class)
-    under_tests = {spec: protocol.resolve(spec, None, None) for spec in args.loader}
+    specs = list(dict.fromkeys([c.rsplit("/", 3)[0] for c in args.config] if args.config else args.loader))
+    under_tests = {spec: protocol.resolve(spec, None, None) for spec in specs}
     parallel = {spec: under_test.parallel_contexts() for spec, under_test in under_tests.items()}
-    configs = plan(args.loader, args.context, args.num_workers, args.parallelism, parallel)
+    if args.config:
+        configs = list(dict.fromkeys(parse_config(c, parallel) for c in args.config))
+    else:
+        configs = plan(args.loader, args.context, args.num_workers, args.parallelism, parallel)
     dataset_kwargs = {"root": str(root), "limit": args.limit}
     per = {c.name: trial_kwargs(c, under_tests[c.loader].payload(), dataset_kwargs, args.batch_size, args.max_batches,
                                 args.seed, args.epochs)

@@ -41,6 +41,8 @@ class WorkerRecord:
     start_end: float | None = None
     start_error: str | None = None
     pid: int | None = None
+    #: the process that forked the worker, as the worker saw it at boot
+    ppid: int | None = None
     boot: float | None = None
     ready: float | None = None
     exitcode: int | None = None
@@ -200,7 +202,7 @@ class _InstrumentedProcessMixin:
         if not self._ws_log:
             return
         line = json.dumps({"g": self._ws_key[0], "w": self._ws_key[1], "ev": event,
-                           "pid": os.getpid(), "t": time.monotonic(), **extra})
+                           "pid": os.getpid(), "ppid": os.getppid(), "t": time.monotonic(), **extra})
         try:
             fd = os.open(self._ws_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
@@ -318,6 +320,8 @@ class InstrumentedContext(BaseContext):
                 if rec is not None and ev["ev"] in ("boot", "ready"):
                     setattr(rec, ev["ev"], ev["t"])
                     rec.pid = rec.pid or ev["pid"]
+                    if ev["ev"] == "boot":
+                        rec.ppid = ev.get("ppid")
 
     def shm_at_exit(self) -> dict[str, int]:
         """``/dev/shm`` entries (name -> inode) the workers mapped or held open as they exited."""
@@ -333,6 +337,21 @@ class InstrumentedContext(BaseContext):
                 continue
             if ev.get("ev") == "exit":
                 out.update({str(k): int(v) for k, v in (ev.get("shm") or {}).items()})
+        return out
+
+    def forked_by(self) -> set[str]:
+        """Which process forked the workers this context started, as each worker saw it:
+        ``driver`` (this process: spawn, fork), ``multiprocessing forkserver`` (this
+        process's), or ``another process`` (e.g. a forkserver the loader runs itself)."""
+        from multiprocessing import forkserver
+
+        server = getattr(forkserver._forkserver, "_forkserver_pid", None)
+        out = set()
+        for rec in self.records():
+            if rec.ppid is None:
+                continue
+            out.add("driver" if rec.ppid == os.getpid() else
+                    "multiprocessing forkserver" if rec.ppid == server else "another process")
         return out
 
     def peak_concurrent_starts(self, generation: int = 0) -> int:
