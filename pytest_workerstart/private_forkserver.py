@@ -39,6 +39,7 @@ then falls back to ``multiprocessing``'s own forkserver.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import io
@@ -69,6 +70,11 @@ _COMMAND = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); import
 
 def unsupported() -> str | None:
     """Why this Python's multiprocessing cannot host a private server, or None."""
+    return _why_unsupported()
+
+
+@functools.lru_cache(maxsize=None)
+def _why_unsupported() -> str | None:
     if sys.platform != "linux":
         return f"a private forkserver is only supported on Linux (this is {sys.platform})"
     params = tuple(inspect.signature(forkserver.main).parameters)

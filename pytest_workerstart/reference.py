@@ -121,21 +121,18 @@ def _validate_flag(name: str, value) -> bool:
 
 
 def _validate_preload(value) -> tuple[str, ...]:
-    if isinstance(value, str) or not all(isinstance(v, str) and v for v in _iterable(value)):
-        raise TypeError(f"preload must be a list of module names, got {value!r}")
-    return tuple(value)
-
-
-def _iterable(value) -> list:
     try:
-        return list(value)
+        names = None if isinstance(value, str) else tuple(value)
     except TypeError:
-        return [None]
+        names = None
+    if names is None or not all(isinstance(v, str) and v for v in names):
+        raise TypeError(f"preload must be a list of module names, got {value!r}")
+    return names
 
 
 def _modules_of(*objs) -> list[str]:
-    """Modules a worker imports to unpickle ``objs`` (``__main__`` never: its preload
-    differs across Python versions, cpython#126631)."""
+    """Modules a worker imports to unpickle ``objs`` (``__main__`` is left to the server's
+    own preparation, which imports it as a worker would, as ``__mp_main__``)."""
     out = []
     for obj in objs:
         if obj is None:

@@ -54,13 +54,14 @@ def value_of(res: ScenarioResult) -> Any:
 
 
 def rebuild(loader: dict, context: str):
-    """In the scenario process: the loader under test from its payload, forkserver warmed."""
+    """In the scenario process: the loader under test from its payload; multiprocessing's
+    forkserver gets the suite's preload list if the loader ever starts it."""
     from pytest_workerstart import protocol
     from pytest_workerstart.probes.context import warm_forkserver
 
     built = protocol.from_payload(loader)
     if context == "forkserver":
-        warm_forkserver()
+        warm_forkserver(start=False)
     return built
 
 

@@ -211,3 +211,16 @@ def test_unsupported_python_falls_back_with_one_warning(monkeypatch):
     with pytest.warns(RuntimeWarning, match="Python 9.9"):
         loader = programs._loader()
     assert _parents(loader) == {forkserver._forkserver._forkserver_pid}
+
+
+@pytest.mark.parametrize("loader, forker", [("reference", "another process"), ("torch", "multiprocessing forkserver")])
+def test_the_suite_sees_who_forked_the_workers(run_suite, loader, forker):
+    """Under forkserver the suite's checks run on the loader's own server for the reference
+    (not multiprocessing's), through the suite's instrumented context, and the verdict says so."""
+    ids = ["order.registration", "digest.first_batch", "failure.parent_start_error"]
+    verdict = run_suite(f"--workerstart-loader={loader}", "--workerstart-context=forkserver",
+                        "--workerstart-profile=quick", "-k", " or ".join(ids))
+    seen = [c for c in verdict.data["checks"] if c["outcome"] == "passed"]
+    assert {c["id"] for c in seen} == set(ids), verdict.result.stdout.str()[-2000:]
+    assert all((c.get("measurements") or {}).get("workers_forked_by") == [forker] for c in seen), seen
+    verdict.result.stdout.fnmatch_lines([f"workerstart: forkserver workers forked by {forker} (*"])

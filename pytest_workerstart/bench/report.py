@@ -113,7 +113,7 @@ def _arrival_cmp(a: dict | None, b: dict | None, k: int, epoch2: bool = False) -
 def _row(what: str, target: str, ok, cmp: dict, note: str = "") -> str:
     r, p = cmp["ratio_of_medians"], cmp["median_pair_ratio"]
     met = "–" if r is None else ("**yes**" if ok(r) else "**no**")
-    fmt = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
+    fmt = lambda v: "–" if v is None else f"{v:.3f}"  # noqa: E731 - a ratio near its bound must not round onto it
     return f"| {what} | {target} | {fmt(r)} | {fmt(p)} | {met} | {note} |"
 
 

@@ -422,15 +422,21 @@ FORKSERVER_PRELOAD = ["torch", "torch.utils.data", "pytest_workerstart.fixtures.
 
 _preloaded = False
 
-def warm_forkserver() -> None:
-    """Set the preload list before the forkserver first starts, then start it
-    (and the resource tracker) so their one-time fds precede any snapshot."""
+def warm_forkserver(start: bool = True) -> None:
+    """Set the preload list before multiprocessing's forkserver first starts, then (with
+    ``start``) start it and the resource tracker, once per process.
+
+    ``start=False`` (scenario interpreters): the server starts when a loader first
+    uses it, and a loader with a forkserver of its own never pays for this one. Its
+    fds and process are a helper's either way (:func:`pytest_workerstart.probes.leaks.helper_fds`).
+    """
     global _preloaded
-    if _preloaded:
-        return
     from multiprocessing import forkserver, resource_tracker
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+    if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:
+        multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+    if _preloaded or not start:
+        return
     forkserver.ensure_running()
     resource_tracker.ensure_running()
     _preloaded = True
