@@ -217,7 +217,7 @@ def test_unsupported_python_falls_back_with_one_warning(monkeypatch):
 def test_the_suite_sees_who_forked_the_workers(run_suite, loader, forker):
     """Under forkserver the suite's checks run on the loader's own server for the reference
     (not multiprocessing's), through the suite's instrumented context, and the verdict says so."""
-    ids = ["order.registration", "digest.first_batch", "failure.parent_start_error"]
+    ids = ["order.registration", "digest.first_batch", "transfer.shared_memory"]  # torch passes these
     verdict = run_suite(f"--workerstart-loader={loader}", "--workerstart-context=forkserver",
                         "--workerstart-profile=quick", "-k", " or ".join(ids))
     seen = [c for c in verdict.data["checks"] if c["outcome"] == "passed"]
