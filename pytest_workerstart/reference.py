@@ -732,7 +732,7 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         except WorkerStartError as exc:
             # _settle cleaned up already; when it raised from inside torch's _next_data
             # (waiting for data), that frame's locals hold a received batch: drop them
-            _scrub(exc)
+            self._forget(exc)
             raise
         except RuntimeError as exc:
             if not _is_worker_failure(exc):
