@@ -47,10 +47,12 @@ PER_CLASS = 200  # 2,000 images
 # identical code never flakes; above, so that a loader that loses half its
 # parallelism fails however noisy the trials (a bursty neighbour the busy guard
 # lets through spread p=1's trials by 30 % in CI). CPU: the process tree's CPU
-# seconds per sample, which other load barely moves, may exceed p=1's by its own
-# clamped spread: what catches work added to every item.
+# seconds per sample may exceed p=1's by its own clamped spread: what catches work
+# added to every item. Capped at 0.25 too: session 10's CI measured identical code
+# (FakeParallel, serial start on both sides) at 1.19x, paired 1.15x, with a CPU
+# spread of 0.39; doubling an item's CPU (SteadyStateTax) measured 1.37-1.51x.
 STEADY_BAND = (0.06, 0.25)
-STEADY_CPU_BAND = (0.06, 0.15)
+STEADY_CPU_BAND = (0.06, 0.25)
 STEADY_BATCHES = 120  # a cap; the epoch ends first (63 batches). Warm: batches 2N+1.. (every worker has delivered twice)
 MEMORY_MAX = 1.10
 _CACHE: dict[tuple, dict] = {}
