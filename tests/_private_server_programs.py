@@ -80,7 +80,12 @@ def fork_then_use() -> str:
 
     list(_loader())
     parent = private_forkserver.current().pid
-    assert threading.active_count() == 1, threading.enumerate()  # forking with threads is the caller's risk
+    # torch closes its index queues without joining their feeder threads (cancel_join_thread),
+    # so they may still be flushing here; forking with threads is the caller's risk, so wait
+    deadline = time.monotonic() + 30
+    while threading.active_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() == 1, threading.enumerate()
     child = os.fork()
     if child == 0:
         code = 1
