@@ -154,6 +154,9 @@ def test_interrupt_during_start(check_env):
 SAYS_DIED = re.compile(r"forkserver|fork server|exited|died|dead|killed|terminated|no longer (alive|running)", re.I)
 
 
+FORKSERVER_DIED_WORKERS = 2  # the scenario's epochs are range(4 * workers): the truth below
+
+
 def _forkserver_died_bound(env) -> float:
     return env.step_timeout(2) or 120.0
 
@@ -162,7 +165,7 @@ def _forkserver_died_plan(env, iterators):
     persistent = iterators == "persistent"
     if persistent and not env.loader.has("persistent_workers"):
         pytest.skip("loader does not declare capability 'persistent_workers'")
-    n = 2
+    n = FORKSERVER_DIED_WORKERS
     return scenarios.planned(env, "forkserver_died", timeout=_forkserver_died_bound(env) + 30,
                              exit_grace=env.settings.exit_timeout, persistent=persistent, num_workers=n,
                              parallelism=n if env.parallel_start_here else None)
@@ -176,7 +179,6 @@ def test_forkserver_died(check_env, iterators):
     suite's own server stays): the next epoch is the truth, or an error that says the
     server or the workers died, within the step bound, and nothing is left after exit."""
     bound = _forkserver_died_bound(check_env)
-    n = 2
     res = check_env.scenario_result()
     if res.status == "hang":
         pytest.fail(f"after the forkserver was killed, the next epoch neither worked nor raised within "
@@ -186,7 +188,7 @@ def test_forkserver_died(check_env, iterators):
     out = res.value
     if not out["servers"]:
         pytest.skip("the loader started no forkserver process of its own or multiprocessing's under forkserver")
-    truth = list(range(4 * n))
+    truth = list(range(4 * FORKSERVER_DIED_WORKERS))
     assert out["first"] == truth, f"the first epoch gave {out['first']}, not {truth}"
     if "error" in out:
         assert SAYS_DIED.search(out["error"]), (

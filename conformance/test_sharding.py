@@ -57,8 +57,9 @@ def _ranks_context(env) -> str:
 def _plan(env, ranks):
     if env.settings.profile == "quick" and ranks != "distributed":
         pytest.skip("quick profile: the covering case only")
-    if env.context_name != _ranks_context(env):
-        pytest.skip(f"the over-ranks cases run in one context, {_ranks_context(env)} (rank x worker assignment "
+    where = _ranks_context(env)
+    if env.context_name != where:
+        pytest.skip(f"the over-ranks cases run in one context, {where} (rank x worker assignment "
                     "does not depend on how workers start; the in-process case covers every context)")
     return scenarios.planned(env, "pytest_workerstart.distributed:scenario_distributed", timeout=4 * PG_TIMEOUT + 120,
                              world_size=WORLD, num_workers=2, parallelism=2 if env.parallel_start_here else None,
