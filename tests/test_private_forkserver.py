@@ -55,6 +55,7 @@ def test_supported_here():
 
 
 def test_workers_are_forked_from_the_private_server_with_torch_preloaded():
+    private_forkserver.stop()  # a server started by an earlier test would not have this dataset's module
     global_preload = list(forkserver._forkserver._preload_modules)
     loader = programs._loader(n=3, persistent=True)
     server = private_forkserver.current()

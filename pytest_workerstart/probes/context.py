@@ -235,6 +235,11 @@ _PROCESS_CLASSES = {
 }
 
 
+def _remove_own_dir(path: str, owner_pid: int) -> None:
+    if os.getpid() == owner_pid:  # a forked child's copy must never remove its parent's directory
+        shutil.rmtree(path, ignore_errors=True)
+
+
 class InstrumentedContext(BaseContext):
     """A ``multiprocessing`` context that records and perturbs worker starts.
 
@@ -253,6 +258,8 @@ class InstrumentedContext(BaseContext):
         self.faults = faults or _faults.FaultPlan()
         self._own_dir = log_dir is None
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="workerstart-events-"))
+        # a context dropped without close() (a user's own test) still removes its directory
+        self._remove = weakref.finalize(self, _remove_own_dir, str(self.log_dir), os.getpid()) if self._own_dir else None
         self.log_path = self.log_dir / "events.jsonl"
         self._recorder = _Recorder(num_workers, hold_for_overlap)
 
@@ -407,8 +414,8 @@ class InstrumentedContext(BaseContext):
         return [v.pid for v in victims]
 
     def close(self) -> None:
-        if self._own_dir:
-            shutil.rmtree(self.log_dir, ignore_errors=True)
+        if self._remove is not None:
+            self._remove()
 
     def __repr__(self) -> str:
         return f"<InstrumentedContext {self._name} faults={self.faults.describe()}>"
