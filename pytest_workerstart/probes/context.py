@@ -256,10 +256,9 @@ class InstrumentedContext(BaseContext):
         self._name = method
         self._inner = multiprocessing.get_context(method)
         self.faults = faults or _faults.FaultPlan()
-        self._own_dir = log_dir is None
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="workerstart-events-"))
-        # a context dropped without close() (a user's own test) still removes its directory
-        self._remove = weakref.finalize(self, _remove_own_dir, str(self.log_dir), os.getpid()) if self._own_dir else None
+        # a context dropped without close() (a user's own test) still removes the directory it made
+        self._remove = None if log_dir else weakref.finalize(self, _remove_own_dir, str(self.log_dir), os.getpid())
         self.log_path = self.log_dir / "events.jsonl"
         self._recorder = _Recorder(num_workers, hold_for_overlap)
 
