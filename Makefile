@@ -8,7 +8,7 @@ PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: venv test test-under-load conformance conformance-quick docs bench bench-epochs tox clean
+.PHONY: venv lint check test test-under-load conformance conformance-quick docs bench bench-epochs tox clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -21,8 +21,28 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
+RUFF  = $(VENV)/bin/ruff
+STAGE = bash .ci/stage
+#: xdist workers for the self-tests that do not measure speed (they mostly wait on boots and bounds)
+JOBS ?= 3
+
+lint: $(STAMP)
+	$(RUFF) check .
+
+# The inner loop: lint and the self-tests that run no suite.
+check: $(STAMP)
+	$(STAGE) lint $(RUFF) check .
+	$(STAGE) unit $(PY) -m pytest -p no:cacheprovider -q -n 2 -m "not suite and not slow and not speed" tests
+
+# What CI runs, in three timed stages: lint; every self-test but the speed
+# measurements, side by side (a batch of broken loaders keeps its xdist group);
+# then the speed measurements alone, where a skip (the suite refused to judge a
+# busy machine) fails the run.
 test: $(STAMP)
-	$(PY) -m pytest -p no:cacheprovider --durations=30 tests
+	$(STAGE) lint $(RUFF) check .
+	$(STAGE) self-tests $(PY) -m pytest -p no:cacheprovider --durations=30 -n $(JOBS) --dist loadgroup \
+	    -m "not speed" tests
+	$(STAGE) speed $(PY) -m pytest -p no:cacheprovider --durations=10 -m speed --skips-fail tests
 
 # `make test` and `make conformance-quick` while LOAD CPU-bound processes run
 # beside them (default 2: on a 2-core machine, half the CPU for the suite).

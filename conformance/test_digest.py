@@ -67,7 +67,8 @@ def test_first_batch(check_env, kind):
         assert got == truth, f"first batch {got[:16]} != in-process truth {truth[:16]}"
     seen = check_env.request.config.stash.setdefault(DIGESTS, {})
     for other_ctx, other in seen.get(kind, {}).items():
-        assert other == got, f"first batch differs between contexts: {other_ctx} {other[:16]} vs {check_env.context_name} {got[:16]}"
+        assert other == got, (f"first batch differs between contexts: {other_ctx} {other[:16]} "
+                              f"vs {check_env.context_name} {got[:16]}")
     seen.setdefault(kind, {})[check_env.context_name] = got
 
 

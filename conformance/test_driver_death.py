@@ -8,9 +8,9 @@ gone within ``--workerstart-driver-death-timeout`` (default 15 s), along with
 any ``/dev/shm`` entry created meanwhile. Survivors are listed, then killed.
 """
 
-import pytest
-
 import functools
+
+import pytest
 
 from pytest_workerstart import scenarios
 from pytest_workerstart.lookahead import planned_scenario
@@ -26,7 +26,7 @@ def _plan(env, case, exit_mode):
     return functools.partial(
         run_driver_death, "pytest_workerstart.scenarios:scenario_driver",
         {"loader": env.loader.payload(), "context": env.context_name, "case": case, "num_workers": N,
-         "parallelism": N if env.parallel_start_here else None},
+         "parallelism": env.parallelism(N)},
         exit_mode=exit_mode, bound=env.settings.driver_death_timeout, env=scenarios.child_env(), warm=True)
 
 

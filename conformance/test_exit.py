@@ -33,7 +33,7 @@ def _plan(env, ending):
     # interpreter's normal exit, which is what is judged; only torch's own import-time output
     # would not reach its stderr, and that is not the loader's.
     return scenarios.planned(env, "clean_exit", timeout=180, exit_grace=env.settings.exit_timeout,
-                             ending=ending, num_workers=n, parallelism=n if env.parallel_start_here else None)
+                             ending=ending, num_workers=n, parallelism=env.parallelism(n))
 
 
 @check("exit.clean_interpreter")

@@ -16,12 +16,17 @@ import pytest
 import torch
 
 from pytest_workerstart import scenarios
-from pytest_workerstart.fixtures.datasets import WorkerTagDataset
 from pytest_workerstart.checkenv import batches_of
+from pytest_workerstart.fixtures.datasets import WorkerTagDataset
 from pytest_workerstart.lookahead import planned_scenario
 from pytest_workerstart.probes.clean_exit import CleanExit
-from pytest_workerstart.probes.faults import (FaultPlan, InjectedStartError, InjectedWorkerInitError, exception_chain,
-                                              position_to_worker)
+from pytest_workerstart.probes.faults import (
+    FaultPlan,
+    InjectedStartError,
+    InjectedWorkerInitError,
+    exception_chain,
+    position_to_worker,
+)
 
 check = pytest.mark.workerstart_check
 N = 3
@@ -62,7 +67,7 @@ def test_parent_start_error(check_env, position):
         before = check_env.snapshot()
         ctx = check_env.context(N, faults=FaultPlan.start_error(k))
         loader = check_env.make(WorkerTagDataset(12), num_workers=N, ctx=ctx, parallelism=p)
-        held = check_env.run_expecting_failure(lambda: _take_batches(loader, k + 1))
+        held = check_env.run_expecting_failure(lambda loader=loader: _take_batches(loader, k + 1))
         chain = list(exception_chain(held.exc))
         assert any(isinstance(e, InjectedStartError) for e in chain), (
             f"p={p}: expected the injected OSError (or an error chained from it), got {held.exc!r}")
@@ -77,9 +82,9 @@ def test_parent_start_error(check_env, position):
 def test_worker_init_error(check_env, tmp_path):
     k = 1
     before = check_env.snapshot()
-    loader = check_env.make(WorkerTagDataset(12), num_workers=N, parallelism=N if check_env.parallel_start_here else None,
-                     worker_init_fn=FaultPlan.worker_init_fn(k))
-    held = check_env.run_expecting_failure(lambda: batches_of(loader))
+    loader = check_env.make(WorkerTagDataset(12), num_workers=N, parallelism=check_env.parallelism(N),
+                            worker_init_fn=FaultPlan.worker_init_fn(k))
+    held = check_env.run_expecting_failure(lambda loader=loader: batches_of(loader))
     assert any(isinstance(e, InjectedWorkerInitError) or "InjectedWorkerInitError" in str(e)
                for e in exception_chain(held.exc)), f"the worker_init_fn error did not surface: {held.exc!r}"
     _assert_names_worker(held.exc, k)
@@ -94,7 +99,7 @@ def test_retry_after_failure(check_env, failure, tmp_path):
     k = 1
     ds = WorkerTagDataset(12)
     truth = [int(i) for b in batches_of(torch.utils.data.DataLoader(ds, batch_size=2)) for i in b["index"]]
-    p = N if check_env.parallel_start_here else None
+    p = check_env.parallelism(N)
     if failure == "parent_start_error":
         ctx = check_env.context(N, faults=FaultPlan.start_error(k))
         loader = check_env.make(ds, num_workers=N, ctx=ctx, parallelism=p)
@@ -116,8 +121,9 @@ def _child_fault(fault: str, loader_timeout: float):
     default, none: a dead worker must be noticed, not timed out)."""
     def plan(env):
         # the hang's timeout may grow with the boot (scenarios.scenario_child_fault)
-        return scenarios.planned(env, "child_fault", timeout=60 if loader_timeout else 40, fault=fault, worker=1, num_workers=N,
-                                 parallelism=N if env.parallel_start_here else None, loader_timeout=loader_timeout)
+        return scenarios.planned(env, "child_fault", timeout=60 if loader_timeout else 40, fault=fault, worker=1,
+                                 num_workers=N,
+                                 parallelism=env.parallelism(N), loader_timeout=loader_timeout)
     return plan
 
 
@@ -141,7 +147,7 @@ def test_child_hang_during_start(check_env):
 
 def _interrupt_plan(env):
     return scenarios.planned(env, "interrupt", timeout=90, worker=1, num_workers=N,
-                             parallelism=N if env.parallel_start_here else None)
+                             parallelism=env.parallelism(N))
 
 
 @check("failure.interrupt_during_start")
@@ -168,7 +174,7 @@ def _forkserver_died_plan(env, iterators):
     n = FORKSERVER_DIED_WORKERS
     return scenarios.planned(env, "forkserver_died", timeout=_forkserver_died_bound(env) + 30,
                              exit_grace=env.settings.exit_timeout, persistent=persistent, num_workers=n,
-                             parallelism=n if env.parallel_start_here else None)
+                             parallelism=env.parallelism(n))
 
 
 @check("failure.forkserver_died")
@@ -182,7 +188,8 @@ def test_forkserver_died(check_env, iterators):
     res = check_env.scenario_result()
     if res.status == "hang":
         pytest.fail(f"after the forkserver was killed, the next epoch neither worked nor raised within "
-                    f"{bound + 30:.0f} s, the step bound {bound:.0f} s + 30 s for the first epoch ({iterators} iterators)\n{res.details()}", pytrace=False)
+                    f"{bound + 30:.0f} s, the step bound {bound:.0f} s + 30 s for the first epoch "
+                    f"({iterators} iterators)\n{res.details()}", pytrace=False)
     if res.status != "ok":
         pytest.fail(res.details(), pytrace=False)
     out = res.value
@@ -195,7 +202,8 @@ def test_forkserver_died(check_env, iterators):
             f"after the forkserver was killed the next epoch raised an error that does not say the server or its "
             f"workers died ({iterators} iterators): {out['error'][:400]}")
     else:
-        assert out["second"] == truth, f"after the forkserver was killed the next epoch gave {out['second']}, not {truth}"
+        assert out["second"] == truth, (
+            f"after the forkserver was killed the next epoch gave {out['second']}, not {truth}")
     assert out["elapsed_s"] <= bound, (
         f"after the forkserver was killed the next epoch took {out['elapsed_s']:.1f} s to "
         f"{'fail' if 'error' in out else 'end'}, above the step bound {bound:.1f} s ({iterators} iterators)")

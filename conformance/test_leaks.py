@@ -32,7 +32,7 @@ def test_clean_exit(check_env, ending):
     if ending == "persistent_shutdown" and not check_env.loader.has("persistent_workers"):
         pytest.skip("loader does not declare capability 'persistent_workers'")
     before = check_env.snapshot()
-    p = N if check_env.parallel_start_here else None
+    p = check_env.parallelism(N)
     kw = {"persistent_workers": True} if ending == "persistent_shutdown" else {}
     loader = check_env.make(WorkerTagDataset(16), num_workers=N, parallelism=p, **kw)
     if ending == "exhaustion":
@@ -84,7 +84,7 @@ def test_fd_growth(check_env, iterators):
         # a spawn iterator leaks is already leaks.clean_exit's, whose spawn cases diff fds
         pytest.skip("fresh iterators run under forkserver and fork only (40 spawn boots cost a minute; "
                     "leaks.clean_exit diffs a spawn iterator's fds)")
-    p = N if check_env.parallel_start_here else None
+    p = check_env.parallelism(N)
     loader = check_env.make(WorkerTagDataset(8), num_workers=N, parallelism=p, persistent_workers=persistent)
     driver: list[int] = []
     workers: dict[int, list[int | None]] = {}
@@ -115,7 +115,7 @@ def test_shm_segments(check_env, ending):
     """Entries are attributed while the loader runs (:class:`ShmWatch`, plus what each
     worker maps as it exits): what a worker created and left is mapped by no one at
     the end, so an end snapshot misses it. A driver SIGKILL is ``failure.driver_killed``'s case."""
-    p = N if check_env.parallel_start_here else None
+    p = check_env.parallelism(N)
     ctx = check_env.context(N)
     with ShmWatch() as watch:
         if ending == "worker_error":
@@ -128,7 +128,7 @@ def test_shm_segments(check_env, ending):
             for i, batch in enumerate(loader):
                 if ending == "early_break" and i == 1:
                     break
-        batch = None
+        batch = None  # noqa: F841 - the last batch goes before the loader
         del loader
         gc.collect()
     watch.note(ctx.shm_at_exit())

@@ -37,7 +37,7 @@ def _uss_rss_mib(pid: int) -> tuple[float, float] | None:
 @check("memory.epoch_growth")
 def test_epoch_growth(check_env):
     ctx = check_env.context(N)
-    p = N if check_env.parallel_start_here else None
+    p = check_env.parallelism(N)
     loader = check_env.make(PreallocatedDataset(32), ctx=ctx, num_workers=N, parallelism=p, persistent_workers=True)
     series: dict[str, list[tuple[float, float] | None]] = {}
     for _epoch in range(EPOCHS):
@@ -49,7 +49,8 @@ def test_epoch_growth(check_env):
             if rec.pid is not None:
                 series.setdefault(f"worker {rec.worker} (pid {rec.pid})", []).append(_uss_rss_mib(rec.pid))
     del loader
-    record_measurements(check_env.request.node, uss_mib_per_epoch={w: [m and m[0] for m in s] for w, s in series.items()},
+    record_measurements(check_env.request.node,
+                        uss_mib_per_epoch={w: [m and m[0] for m in s] for w, s in series.items()},
                         rss_mib_per_epoch={w: [m and m[1] for m in s] for w, s in series.items()})
     assert series, "the suite's context recorded no worker"
     grew = []

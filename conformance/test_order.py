@@ -17,9 +17,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from pytest_workerstart import _torch_internals
-
-from pytest_workerstart.fixtures.datasets import WorkerTagDataset
 from pytest_workerstart.checkenv import batches_of
+from pytest_workerstart.fixtures.datasets import WorkerTagDataset
 from pytest_workerstart.probes.faults import FaultPlan
 
 check = pytest.mark.workerstart_check
@@ -27,16 +26,11 @@ N = 3
 SEEDS = pytest.StashKey[dict]()
 
 
-def _parallelism(check_env, p):
-    """p for loaders with parallel start here; None (use the default) otherwise."""
-    return p if check_env.parallel_start_here else None
-
-
 @check("order.registration")
 def test_registration(check_env):
     ds = WorkerTagDataset(4 * N * 2)
     ctx = check_env.context(N, faults=FaultPlan.reverse_finish(N))
-    loader = check_env.make(ds, num_workers=N, ctx=ctx, parallelism=_parallelism(check_env, N))
+    loader = check_env.make(ds, num_workers=N, ctx=ctx, parallelism=check_env.parallelism(N))
     batches = batches_of(loader)
     served = [b["worker"].tolist() for b in batches]
     wrong = [(k, s) for k, s in enumerate(served) if set(s) != {k % N}]
@@ -64,14 +58,14 @@ def _seeds(check_env, p, generator_seed=GENERATOR_SEEDS[0]):
 
 @check("order.worker_seeds")
 def test_worker_seeds(check_env):
-    serial = _seeds(check_env, 1 if check_env.parallel_start_here else None)
+    serial = _seeds(check_env, check_env.parallelism(1))
     assert len(serial) == N and all(len(s) == 1 for s in serial.values()), f"one seed per worker expected: {serial}"
     flat = [s[0] for s in serial.values()]
     assert len(set(flat)) == N, f"workers share seeds: {serial}"
     if check_env.parallel_start_here:
         parallel = _seeds(check_env, N)
         assert parallel == serial, f"seeds differ between p=1 {serial} and p={N} {parallel}"
-    other = _seeds(check_env, N if check_env.parallel_start_here else None, GENERATOR_SEEDS[1])
+    other = _seeds(check_env, check_env.parallelism(N), GENERATOR_SEEDS[1])
     assert other != serial, (
         f"worker seeds do not follow the loader's generator: seeds {GENERATOR_SEEDS} both gave {serial}")
     if check_env.loader.has("torch_parity"):
@@ -81,5 +75,6 @@ def test_worker_seeds(check_env):
             f"declare torch_parity=false if the loader deliberately differs")
     seen = check_env.request.config.stash.setdefault(SEEDS, {})
     for other_ctx, other in seen.items():
-        assert other == serial, f"seeds differ between contexts: {other_ctx} {other} vs {check_env.context_name} {serial}"
+        assert other == serial, (
+            f"seeds differ between contexts: {other_ctx} {other} vs {check_env.context_name} {serial}")
     seen[check_env.context_name] = serial

@@ -13,7 +13,7 @@ N = 2
 @check("persistent.reuse")
 def test_reuse(check_env):
     ctx = check_env.context(N)
-    loader = check_env.make(WorkerTagDataset(8), num_workers=N, ctx=ctx, parallelism=N if check_env.parallel_start_here else None,
+    loader = check_env.make(WorkerTagDataset(8), num_workers=N, ctx=ctx, parallelism=check_env.parallelism(N),
                      persistent_workers=True)
     pids = []
     for _epoch in range(3):

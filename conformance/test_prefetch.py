@@ -20,7 +20,7 @@ PF = 2
 @check("prefetch.bound")
 def test_bound(check_env, tmp_path):
     ds = CountingDataset(str(tmp_path / "fetched.txt"), n=40)
-    loader = check_env.make(ds, num_workers=N, parallelism=N if check_env.parallel_start_here else None, batch_size=1,
+    loader = check_env.make(ds, num_workers=N, parallelism=check_env.parallelism(N), batch_size=1,
                      prefetch_factor=PF)
     worst = 0
     for consumed, _batch in enumerate(loader, start=1):

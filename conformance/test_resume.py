@@ -35,7 +35,8 @@ def test_resume(check_env, order, p):
     parallelism = None
     if p == "pN":
         if not check_env.parallel_start_here:
-            pytest.skip(f"p = N needs parallel start: {check_env.loader.spec} declares none in {check_env.context_name}")
+            pytest.skip(f"p = N needs parallel start: {check_env.loader.spec} declares none in "
+                        f"{check_env.context_name}")
         parallelism = N
     elif check_env.parallel_start_here:
         parallelism = 1
@@ -48,7 +49,8 @@ def test_resume(check_env, order, p):
         truth = [list(range(k, min(k + BATCH, ITEMS))) for k in range(0, ITEMS, BATCH)]
     else:
         truth = _indices(make())
-        assert sorted(i for b in truth for i in b) == list(range(ITEMS)), f"an uninterrupted epoch is not a permutation: {truth}"
+        assert sorted(i for b in truth for i in b) == list(range(ITEMS)), (
+            f"an uninterrupted epoch is not a permutation: {truth}")
 
     first = make()
     head = []
@@ -62,8 +64,10 @@ def test_resume(check_env, order, p):
     second.load_state_dict(state)
     rest = _indices(second)
     del second
-    assert _indices(head) == truth[:STOP_AFTER], f"the first {STOP_AFTER} batches differ: {_indices(head)} vs {truth[:STOP_AFTER]}"
+    assert _indices(head) == truth[:STOP_AFTER], (
+        f"the first {STOP_AFTER} batches differ: {_indices(head)} vs {truth[:STOP_AFTER]}")
     assert rest == truth[STOP_AFTER:], (
-        f"resumed after {STOP_AFTER} of {len(truth)} batches ({order}, p={parallelism or 'none'}): got {len(rest)} batches "
+        f"resumed after {STOP_AFTER} of {len(truth)} batches ({order}, p={parallelism or 'none'}): "
+        f"got {len(rest)} batches "
         f"{rest[:4]}{'...' if len(rest) > 4 else ''}, expected the remaining {len(truth) - STOP_AFTER} "
         f"{truth[STOP_AFTER:STOP_AFTER + 4]}{'...' if len(truth) - STOP_AFTER > 4 else ''}")

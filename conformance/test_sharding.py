@@ -22,7 +22,8 @@ N = 3
 @check("sharding.exactly_once")
 def test_exactly_once(check_env):
     n = 30
-    loader = check_env.make(ShardedRange(n), num_workers=N, parallelism=N if check_env.parallel_start_here else None, batch_size=None)
+    loader = check_env.make(ShardedRange(n), num_workers=N, parallelism=check_env.parallelism(N),
+                            batch_size=None)
     counts = collections.Counter(int(x) for x in loader)
     missing = sorted(set(range(n)) - set(counts))
     dup = {k: c for k, c in counts.items() if c > 1}
@@ -62,7 +63,7 @@ def _plan(env, ranks):
         pytest.skip(f"the over-ranks cases run in one context, {where} (rank x worker assignment "
                     "does not depend on how workers start; the in-process case covers every context)")
     return scenarios.planned(env, "pytest_workerstart.distributed:scenario_distributed", timeout=4 * PG_TIMEOUT + 120,
-                             world_size=WORLD, num_workers=2, parallelism=2 if env.parallel_start_here else None,
+                             world_size=WORLD, num_workers=2, parallelism=env.parallelism(2),
                              n=N_RANKED, fail_rank=_fail_rank(ranks), pg_timeout=PG_TIMEOUT)
 
 

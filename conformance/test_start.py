@@ -76,10 +76,11 @@ def test_unpicklable_argument(check_env, argument):
     kwargs = {"collate_fn": lambda batch: batch} if argument == "collate_fn" else (
         {"worker_init_fn": lambda worker_id: None} if argument == "worker_init_fn" else {})
     before = check_env.snapshot()
-    p = 2 if check_env.parallel_start_here else None
+    p = check_env.parallelism(2)
     loader = check_env.make(dataset, num_workers=2, parallelism=p, **kwargs)
     held = check_env.run_expecting_failure(
-        lambda: next(iter(loader)), f"a lambda {argument} under {check_env.context_name} did not raise at iter() or "
+        lambda loader=loader: next(iter(loader)),
+        f"a lambda {argument} under {check_env.context_name} did not raise at iter() or "
         "the first next(): it cannot have reached the workers")
     message = f"{type(held.exc).__name__}: {held.exc}"
     del loader
@@ -97,7 +98,7 @@ def test_large_pickle(check_env, mib):
     batches come in order. The start time of each worker is reported."""
     if check_env.settings.profile == "quick" and mib != 1:
         pytest.skip("quick profile: the 1 MiB dataset only (100 MiB is pickled once per worker)")
-    p = N if check_env.parallel_start_here else None
+    p = check_env.parallelism(N)
     ctx = check_env.context(N, hold=HOLD)
     dataset = BigPickleDataset(4 * N, payload_kib=mib * 1024)
     loader = check_env.make(dataset, num_workers=N, ctx=ctx, parallelism=p)
@@ -120,4 +121,4 @@ def test_large_pickle(check_env, mib):
     want = N if p else 1
     peak = ctx.peak_concurrent_starts()
     assert peak == want, (f"with a {mib} MiB dataset pickle {peak} starts were in flight at once "
-                          f"(want {want}{f', the parallelism given' if p else ', no parallelism given'})")
+                          f"(want {want}{', the parallelism given' if p else ', no parallelism given'})")

@@ -27,7 +27,7 @@ def test_shared_memory(check_env):
         pytest.skip(f"cannot attribute shared segments here: {exc}")
     ctx = check_env.context(N)
     loader = check_env.make(NestedMapDataset(8), num_workers=N, ctx=ctx,
-                            parallelism=N if check_env.parallel_start_here else None, batch_size=4)
+                            parallelism=check_env.parallelism(N), batch_size=4)
     batch = next(iter(loader))
     tensors = {"x": batch["x"], "meta.pair.right": batch["meta"][1]["pair"].right}
     workers = {r.pid for r in ctx.records() if r.pid}

@@ -111,7 +111,8 @@ def check_supported(version: str | None = None) -> None:
         raise UnsupportedTorchError(f"torch {version}: worker seeds are no longer the generator's first draw")
     if not isinstance(vars(_dl.DataLoader).get("_index_sampler"), property):
         raise UnsupportedTorchError(f"torch {version}: DataLoader._index_sampler is no longer a property")
-    for func, needed in ((BaseIter.__init__, BASE_STATE | {"_index_sampler"}), (MultiProcessingIter._reset, RESET_STATE),
+    for func, needed in ((BaseIter.__init__, BASE_STATE | {"_index_sampler"}),
+                         (MultiProcessingIter._reset, RESET_STATE),
                          (BaseIter._reset, {"_sampler_iter"})):
         missing = needed - _assigned(func)
         if missing:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from pytest_workerstart.verdict import case_key
 

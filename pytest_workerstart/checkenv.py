@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from pytest_workerstart.probes import leaks
 from pytest_workerstart.probes.context import InstrumentedContext, warm_forkserver
 from pytest_workerstart.probes.deadline import StepAborted, deadline, memory_limit_bytes, thread_stacks, tree_rss_over
 from pytest_workerstart.probes.faults import FaultPlan
-from pytest_workerstart.probes import leaks
 from pytest_workerstart.probes.leaks import LeakReport, LeakSnapshot
 
 #: How long teardown after a *failure* may take before what is left counts as
@@ -146,6 +147,10 @@ class CheckEnv:
     @property
     def parallel_start_here(self) -> bool:
         return self.loader.has("parallel_start", self.context_name)
+
+    def parallelism(self, p: int) -> int | None:
+        """``p`` where the loader declares parallel start in this context, else None (its keyword omitted)."""
+        return p if self.parallel_start_here else None
 
     def snapshot(self) -> LeakSnapshot:
         if self.context_name == "forkserver":

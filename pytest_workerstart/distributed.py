@@ -35,9 +35,8 @@ def run_rank(rank: int, world_size: int, init_method: str, loader: dict, context
 
     from pytest_workerstart.fixtures.datasets import ShardedRange, WorkerTagDataset
     from pytest_workerstart.probes.context import InstrumentedContext
-    from pytest_workerstart.probes.faults import FaultPlan
+    from pytest_workerstart.probes.faults import FaultPlan, describe_chain
     from pytest_workerstart.probes.leaks import LeakSnapshot
-    from pytest_workerstart.probes.faults import describe_chain
     from pytest_workerstart.scenarios import rebuild
 
     report: dict[str, Any] = {"rank": rank}
@@ -54,7 +53,7 @@ def run_rank(rank: int, world_size: int, init_method: str, loader: dict, context
         try:
             dl = under_test.make(ds, num_workers=num_workers, multiprocessing_context=ctx, parallelism=parallelism,
                           batch_size=2, sampler=sampler)
-            report["map"] = [[int(i), int(w)] for b in dl for i, w in zip(b["index"], b["worker"])]
+            report["map"] = [[int(i), int(w)] for b in dl for i, w in zip(b["index"], b["worker"], strict=False)]
             ctx.begin_generation()
             dl = under_test.make(ShardedRange(n, rank=rank, world_size=world_size), num_workers=num_workers,
                           multiprocessing_context=ctx, parallelism=parallelism, batch_size=None)

@@ -23,7 +23,8 @@ from __future__ import annotations
 import concurrent.futures
 import inspect
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 

@@ -49,8 +49,8 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from multiprocessing import connection, context, forkserver, popen_forkserver, reduction, spawn, util
-from typing import Iterable
 
 __all__ = ["PrivateForkServer", "current", "popen", "redirect", "server_for", "stop", "unsupported"]
 
@@ -73,7 +73,7 @@ def unsupported() -> str | None:
     return _why_unsupported()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _why_unsupported() -> str | None:
     if sys.platform != "linux":
         return f"a private forkserver is only supported on Linux (this is {sys.platform})"
@@ -365,7 +365,7 @@ class _ServerPopen(popen_forkserver.Popen):
                     raise RuntimeError(f"the loader's forkserver (pid {pid}) did not start the worker: "
                                        f"{type(exc).__name__}: {exc}") from exc
 
-    def _request(self, server: "PrivateForkServer", buf: io.BytesIO) -> None:
+    def _request(self, server: PrivateForkServer, buf: io.BytesIO) -> None:
         self.sentinel, w = server.connect_to_new_process(self._fds)
         # the child watches a copy of the data pipe's write end to see this process die
         parent_w = os.dup(w)

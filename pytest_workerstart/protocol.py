@@ -21,7 +21,8 @@ import multiprocessing
 import os
 import re
 import sys
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from pytest_workerstart.settings import KNOWN_CONTEXTS
 
@@ -96,7 +97,8 @@ class LoaderUnderTest:
         """A class derived from (not equal to) torch's DataLoader: it inherits torch's behaviour."""
         from torch.utils.data import DataLoader
 
-        return isinstance(self.factory, type) and issubclass(self.factory, DataLoader) and self.factory is not DataLoader
+        return (isinstance(self.factory, type) and issubclass(self.factory, DataLoader)
+                and self.factory is not DataLoader)
 
     def describe(self) -> dict[str, Any]:
         """The loader as the verdict records it: what was tested, with which keyword and declarations."""
@@ -113,7 +115,7 @@ class LoaderUnderTest:
         return {"spec": self.spec, "kwarg": self.parallelism_kwarg or "none", "caps": self._capabilities_json()}
 
 
-def from_payload(payload: Mapping[str, Any]) -> "LoaderUnderTest":
+def from_payload(payload: Mapping[str, Any]) -> LoaderUnderTest:
     """The loader a :meth:`LoaderUnderTest.payload` describes, rebuilt in this interpreter."""
     return resolve(payload["spec"], payload.get("kwarg"), payload.get("caps"))
 
@@ -209,7 +211,8 @@ def _builtin(name: str) -> tuple[Callable[..., Any], str | None, dict[str, Any]]
             raise SpecError(f"built-in loader 'reference': {exc}") from None
         from pytest_workerstart.reference import ParallelStartDataLoader
 
-        return ParallelStartDataLoader, "worker_start_parallelism", dict(ParallelStartDataLoader.__workerstart_capabilities__)
+        return (ParallelStartDataLoader, "worker_start_parallelism",
+                dict(ParallelStartDataLoader.__workerstart_capabilities__))
     if name == "torch":
         from torch.utils.data import DataLoader
 
@@ -225,7 +228,8 @@ def _builtin(name: str) -> tuple[Callable[..., Any], str | None, dict[str, Any]]
         if _accepts_kwarg(StatefulDataLoader, kwarg) and kwarg in inspect.signature(StatefulDataLoader).parameters:
             return StatefulDataLoader, kwarg, {"parallel_start": ("spawn",)}
         return StatefulDataLoader, None, {"parallel_start": ()}
-    raise SpecError(f"unknown built-in loader {name!r}: choose one of {', '.join(BUILTIN_NAMES)} or give 'module:attribute'")
+    raise SpecError(f"unknown built-in loader {name!r}: choose one of {', '.join(BUILTIN_NAMES)} "
+                    "or give 'module:attribute'")
 
 
 def parse_capability(item: str) -> tuple[str, Any]:
@@ -311,7 +315,8 @@ def resolve(
         for key, value in declared.items():
             caps[key] = _coerce(key, value)
     elif not spec or not re.match(r"^[A-Za-z_]\w*$", spec):
-        raise SpecError(f"malformed loader SPEC {spec!r}: expected a built-in name ({', '.join(BUILTIN_NAMES)}) or 'module:attribute'")
+        raise SpecError(f"malformed loader SPEC {spec!r}: expected a built-in name ({', '.join(BUILTIN_NAMES)}) "
+                        "or 'module:attribute'")
     else:
         _builtin(spec)  # raises the "unknown built-in" error
         raise AssertionError("unreachable")

@@ -52,8 +52,7 @@ import torch.multiprocessing
 from torch.utils.data import DataLoader
 
 from pytest_workerstart import _torch_internals as torch_internals
-from pytest_workerstart import driverwatch
-from pytest_workerstart import private_forkserver
+from pytest_workerstart import driverwatch, private_forkserver
 from pytest_workerstart.probes.cores import usable_cores  # noqa: F401 - public here too (docs/reference.md)
 
 __all__ = ["ParallelStartDataLoader", "WorkerStartError", "WorkerFailedError", "preload_forkserver", "usable_cores"]
@@ -229,7 +228,7 @@ class ParallelStartDataLoader(DataLoader):
     __workerstart_parallelism_kwarg__ = "worker_start_parallelism"
     # resume: batches the next iterator skips; the current epoch's progress
     _resume_skip = 0
-    _progress: "_Progress | None" = None
+    _progress: _Progress | None = None
     _index_sampler = torch_internals.resumable_index_sampler("_resume_skip")
 
     def __init__(
@@ -384,7 +383,7 @@ class _Launcher:
     def open_gate(self) -> None:
         self._gate.set()
 
-    def begin(self) -> "_Launcher":
+    def begin(self) -> _Launcher:
         for k in range(self.parallelism):
             t = threading.Thread(target=self._run, name=f"ParallelStartDataLoader-start-{k}", daemon=True)
             self._threads.append(t)
@@ -705,7 +704,8 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         for i in range(self._num_workers):
             q = ctx.Queue()
             q.cancel_join_thread()  # the driver never waits on what it sent
-            w = ctx.Process(target=self._worker_target(), args=(token, torch_internals.worker_loop_kwargs(self, i, q)), daemon=True)
+            w = ctx.Process(target=self._worker_target(),
+                            args=(token, torch_internals.worker_loop_kwargs(self, i, q)), daemon=True)
             launches.append((q, w))
 
     def _abandon(self) -> None:

@@ -40,7 +40,8 @@ def render(paths: list[Path]) -> str:
         lo = v["loader"]
         s = v["summary"]
         own = lo["qualified_name"].split(".")[0] == lo.get("package")
-        label = f"{lo['qualified_name']} {lo['version']}" if own else f"{lo['qualified_name']}, {lo['package']} {lo['version']}"
+        label = (f"{lo['qualified_name']} {lo['version']}" if own
+                 else f"{lo['qualified_name']}, {lo['package']} {lo['version']}")
         lines.append(f"**{lo['spec']}** ({label}; Python {v['machine']['python']}, "
                      f"torch {v['machine']['torch']}, {v['machine']['cpu_count']} CPUs): "
                      + ", ".join(f"{s[k]} {k}" for k in ("passed", "failed", "skipped", "xfailed", "error")))

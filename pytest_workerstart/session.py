@@ -67,7 +67,7 @@ class WorkerstartSession:
 
     # --- configuration -----------------------------------------------------
     @classmethod
-    def from_config(cls, config: pytest.Config, settings: Settings, embedded: bool = False) -> "WorkerstartSession":
+    def from_config(cls, config: pytest.Config, settings: Settings, embedded: bool = False) -> WorkerstartSession:
         try:
             overrides: dict[str, Any] = {}
             for item in settings.capability:
@@ -225,7 +225,8 @@ class WorkerstartSession:
         for key in self.settings.xfails.keys() - self._matched_xfails:
             check, ctx = key
             name = f"{check}[{ctx}]" if ctx else check
-            warnings.warn(pytest.PytestConfigWarning(f"--workerstart-xfail entry {name!r} matches no collected check"))
+            warnings.warn(pytest.PytestConfigWarning(f"--workerstart-xfail entry {name!r} matches no collected check"),
+                          stacklevel=1)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
@@ -347,7 +348,8 @@ class WorkerstartSession:
 
     # --- reporting ---------------------------------------------------------
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
-        caps = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}" for k, v in self.loader.capabilities.items())
+        caps = ", ".join(f"{k}={','.join(v) if isinstance(v, tuple) else v}"
+                         for k, v in self.loader.capabilities.items())
         return [
             f"workerstart: loader {self.loader.spec} = {self.loader.label}",
             f"workerstart: parallelism kwarg {self.loader.parallelism_kwarg or 'none'}; capabilities {caps}",
@@ -463,9 +465,7 @@ class WorkerstartSession:
         reaper.start_guard(verdict=self._json)
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus) -> None:
-        from pytest_workerstart.probes import reaper
-
-        from pytest_workerstart.probes import zygote
+        from pytest_workerstart.probes import reaper, zygote
 
         self.lookahead.close()
         zygote.shutdown()

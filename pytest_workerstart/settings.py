@@ -19,8 +19,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -151,7 +152,8 @@ def _xfail_file(value: str, where: str) -> tuple[tuple[str, str | None, str], ..
             continue
         m = _XFAIL_LINE.match(line)
         if not m:
-            raise _usage(where, f"{value}:{lineno}: expected 'check.id[context-case]: reason' (context and case optional), got {raw.strip()!r}")
+            raise _usage(where, f"{value}:{lineno}: expected 'check.id[context-case]: reason' "
+                                f"(context and case optional), got {raw.strip()!r}")
         if not m["reason"].strip():
             raise _usage(where, f"{value}:{lineno}: expected failure of {m['id']} needs a reason")
         entries[(m["id"], m["ctx"])] = m["reason"].strip()

@@ -138,7 +138,8 @@ def one_line(report: pytest.TestReport) -> str:
     if "Original Traceback" in text:
         original = [ln.strip() for ln in text.split("Original Traceback", 1)[1].splitlines() if ln.strip()]
         # only an exception line: a traceback quoted inside a longer message ends elsewhere
-        cause = next((ln for ln in reversed(original) if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", ln)), "")
+        cause = next((ln for ln in reversed(original)
+                      if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", ln)), "")
         if cause and cause not in first:
             first = f"{first} (in the worker: {cause[:300]})"
     return first

@@ -149,8 +149,10 @@ def whoami():
     import tempfile
 
     return {"pid": os.getpid(), "sid": os.getsid(0), "tmpdir": tempfile.gettempdir(),
-            "torch_loaded": "torch" in sys.modules, "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
-            "sigchld_default": signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL, "stdin": os.readlink("/proc/self/fd/0")}
+            "torch_loaded": "torch" in sys.modules,
+            "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+            "sigchld_default": signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL,
+            "stdin": os.readlink("/proc/self/fd/0")}
 
 
 def says_at_exit(text):

@@ -1,7 +1,6 @@
 """Datasets and programs for tests/test_private_forkserver.py (importable by workers and scenarios)."""
 
 import os
-import sys
 import time
 
 from torch.utils.data import IterableDataset, get_worker_info
@@ -98,5 +97,6 @@ def fork_then_use() -> str:
             os._exit(code)
     _, status = os.waitpid(child, 0)
     again = sorted(int(i) for b in _loader() for i in b["index"])
-    return f"child exit {os.waitstatus_to_exitcode(status)}, parent server kept {private_forkserver.current().pid == parent}, " \
+    kept = private_forkserver.current().pid == parent
+    return f"child exit {os.waitstatus_to_exitcode(status)}, parent server kept {kept}, " \
            f"parent epoch ok {again == list(range(8))}"

@@ -4,6 +4,32 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
+#: Fixtures that run a suite (a pytest subprocess with --workerstart or an embedded check).
+SUITE_FIXTURES = {"pytester", "run_suite"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--skips-fail", action="store_true",
+                     help="a skipped self-test fails the run (CI's speed stage: a speed self-test that was not "
+                          "judged, e.g. on a busy machine, proves nothing)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark what runs a suite, so ``-m "not suite"`` is the fast inner loop (``make check``)."""
+    for item in items:
+        if SUITE_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("suite"):
+            item.add_marker(pytest.mark.suite)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.skipped and not hasattr(report, "wasxfail") and item.config.getoption("--skips-fail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped, and --skips-fail is set: {reason}"
+    return report
+
 
 @pytest.fixture(autouse=True)
 def _own_tmpdir(monkeypatch):

@@ -73,7 +73,8 @@ def test_run_records_raw_trials_machine_and_ratios_then_plots_and_compares(small
     assert code == 0, capsys.readouterr().err[-2000:]
     assert res["workload"]["tree_sha256"] == checksum and res["workload"]["images"] == 80
     assert {"cpu_model", "usable_cores", "ram_gib", "python", "torch", "torchvision"} <= set(res["machine"])
-    assert set(res["configs"]) == {"reference/forkserver/w1/p1", "reference/forkserver/w2/p1", "reference/forkserver/w2/p2"}
+    assert set(res["configs"]) == {"reference/forkserver/w1/p1", "reference/forkserver/w2/p1",
+                                   "reference/forkserver/w2/p2"}
     for cfg in res["configs"].values():
         assert len(cfg["trials"]) == 2 and cfg["errors"] == 0
         assert set(run.METRICS) <= set(cfg["trials"][0]) and "first_batch_digest" in cfg["trials"][0]

@@ -23,7 +23,8 @@ def _torchrun(*args):
 @pytest.mark.timeout(400)
 def test_torchrun_reference_covers_every_index_once():
     proc, verdict = _torchrun()
-    assert proc.returncode == 0 and verdict and verdict["verdict"] == "passed", proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0 and verdict and verdict["verdict"] == "passed", (
+        proc.stdout[-2000:] + proc.stderr[-3000:])
     assert verdict["ranks"] == 2 and verdict["workers_per_rank"] == 2
 
 

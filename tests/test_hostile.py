@@ -107,7 +107,8 @@ def test_crash_mid_session_is_contained_under_xdist(run_suite, pytester):
                 return super().__iter__()
     """)
     v = run_suite("--workerstart-loader=crashes_later:CrashesWithThreeWorkers", "--workerstart-context=forkserver",
-                  "--workerstart-profile=quick", "-k", "order.registration or persistent.reuse or transfer.shared_memory",
+                  "--workerstart-profile=quick",
+                  "-k", "order.registration or persistent.reuse or transfer.shared_memory",
                   "-p", "xdist", "-n", "1", timeout=LIMIT_S)
     data = v.data
     outcomes = {c["id"]: (c["outcome"], c["reason"]) for c in data["checks"]}

@@ -49,7 +49,8 @@ def _watch_tree(proc: subprocess.Popen, until, timeout: float = 180) -> dict:
         if until(live):
             return seen
         time.sleep(0.2)
-    pytest.fail(f"the scenario never got going; pytest output:\n{proc.stdout.read()[-3000:] if proc.poll() is not None else ''}")
+    output = proc.stdout.read()[-3000:] if proc.poll() is not None else ""
+    pytest.fail(f"the scenario never got going; pytest output:\n{output}")
 
 
 @pytest.mark.parametrize("sig, group", [("SIGINT", False), ("SIGTERM", True), ("SIGKILL", False)],

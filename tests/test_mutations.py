@@ -1,21 +1,52 @@
 """Mutation self-tests: every check id has a broken loader it catches, and the
 reference loader passes the same checks (the passing control).
 
-Each broken loader runs its target check plus a fixed set of cheap sentinel
+Each broken loader runs its target checks plus a fixed set of cheap sentinel
 checks in the quick profile under forkserver; the target must fail, sentinels
-not related to the defect must not.
+not related to the defect must not. The loaders are judged in a few batches
+(one suite run each, one module per loader: tests/_batch.py); each loader is
+still its own test, and a loader whose batch ended before its checks finished
+is rerun alone. A batch's tests share an xdist group, so it runs once.
 """
 
 import pytest
 
 from pytest_workerstart import registry
 from pytest_workerstart.fixtures.broken import catalog
+from tests import _batch
 
 CATCHES, SPEED_CATCHES = catalog.load()
 
 pytestmark = pytest.mark.slow
 SENTINELS = ("start.default_serial", "order.registration", "digest.first_batch", "leaks.clean_exit",
              "transfer.shared_memory")
+ARGS = ("--workerstart-context=forkserver", "--workerstart-profile=quick")
+#: Batches per set of extra options: enough to keep a few xdist workers busy, few enough
+#: that each pays its pytest start and torch import for many loaders.
+BATCHES = 4
+#: One batch's whole run (its loaders' checks are bounded by the suite's own step deadlines).
+BATCH_TIMEOUT_S = 1500
+
+
+def _selection(catch) -> list[str]:
+    return list(catch.targets) + [s for s in SENTINELS if s not in catch.targets and s not in catch.related]
+
+
+def _batches() -> dict[str, list[str]]:
+    """Batch name -> broken loader names: loaders that need the same extra options, dealt round-robin."""
+    by_options: dict[tuple[str, ...], list[str]] = {}
+    for name in sorted(CATCHES):
+        by_options.setdefault(CATCHES[name].options, []).append(name)
+    out: dict[str, list[str]] = {}
+    for k, (options, names) in enumerate(sorted(by_options.items())):
+        n = BATCHES if not options else 1
+        for i in range(n):
+            out[f"b{k}{i}"] = names[i::n]
+    return {b: names for b, names in out.items() if names}
+
+
+BATCH_OF = {name: b for b, names in _batches().items() for name in names}
+_SLICES: dict[str, dict[str, _batch.Slice]] = {}
 
 
 def test_every_check_id_has_a_broken_loader():
@@ -24,29 +55,38 @@ def test_every_check_id_has_a_broken_loader():
     assert not missing, f"check ids no broken loader fails: {sorted(missing)}"
 
 
-def _selection(catch) -> list[str]:
-    return list(catch.targets) + [s for s in SENTINELS if s not in catch.targets and s not in catch.related]
+def test_every_broken_loader_is_in_one_batch():
+    assert sorted(BATCH_OF) == sorted(CATCHES)
 
 
+@pytest.mark.timeout(1200)
 def test_reference_passes_every_selection(run_suite):
     """The live passing control: the reference on the union of the selections below, with every option they add."""
     ids = sorted({i for c in CATCHES.values() for i in _selection(c)})
     options = sorted({o for c in CATCHES.values() for o in c.options})
-    verdict = run_suite("--workerstart-context=forkserver", "--workerstart-profile=quick", "-k", " or ".join(ids),
-                        *options)
+    verdict = run_suite(*ARGS, "-k", " or ".join(ids), *options)
     assert verdict.data["complete"] and verdict.failed_ids() == set(), verdict.result.stdout.str()[-3000:]
     assert {c["id"] for c in verdict.data["checks"] if c["outcome"] == "passed"} == set(ids)
 
 
-@pytest.mark.parametrize("name", sorted(CATCHES))
-def test_broken_loader_is_caught(run_suite, name):
+def _slice(name: str, tmp_path_factory) -> _batch.Slice:
+    batch = BATCH_OF[name]
+    if batch not in _SLICES:
+        names = [n for n, b in BATCH_OF.items() if b == batch]
+        entries = {n: (CATCHES[n].spec, _selection(CATCHES[n])) for n in names}
+        _SLICES[batch] = _batch.judge(tmp_path_factory.mktemp(f"mutations-{batch}"), entries,
+                                      [*ARGS, *CATCHES[names[0]].options], timeout=BATCH_TIMEOUT_S)
+    return _SLICES[batch][name]
+
+
+@pytest.mark.timeout(2 * BATCH_TIMEOUT_S + 60)  # the batch's first test runs it, and maybe a rerun alone
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xdist_group(BATCH_OF[n])) for n in sorted(CATCHES)])
+def test_broken_loader_is_caught(name, tmp_path_factory):
     catch = CATCHES[name]
-    targets = catch.targets
-    ids = _selection(catch)
-    verdict = run_suite(f"--workerstart-loader={catch.spec}", "--workerstart-context=forkserver",
-                        "--workerstart-profile=quick", "-k", " or ".join(ids), *catch.options)
-    for target in targets:
-        assert "failed" in verdict.outcomes(target), (
-            f"{name}: {target} did not fail: {verdict.outcomes(target)}\n{verdict.result.stdout.str()[-2500:]}")
-    collateral = verdict.failed_ids() - set(targets) - set(catch.related)
-    assert not collateral, f"{name}: unrelated checks failed too: {sorted(collateral)}"
+    got = _slice(name, tmp_path_factory)
+    assert got.checks, f"{name}: no check of it ran\n{got.output[-3000:]}"
+    for target in catch.targets:
+        assert "failed" in got.outcomes(target), (
+            f"{name}: {target} did not fail: {got.outcomes(target)}\n{got.describe()}")
+    collateral = got.failed_ids() - set(catch.targets) - set(catch.related)
+    assert not collateral, f"{name}: unrelated checks failed too: {sorted(collateral)}\n{got.describe()}"

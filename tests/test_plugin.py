@@ -314,7 +314,6 @@ def test_adapter_module_in_the_current_directory_under_the_pytest_script(tmp_pat
 def test_baseline_separates_inherited_failures_from_new_ones(pytester, run_suite):
     """--workerstart-baseline=FILE: each failed case says what the baseline got; the
     summary counts shared and new failures; a torch subclass without it gets a hint."""
-    import json
 
     base = pytester.path / "baseline.json"
     checks = [{"nodeid": "elsewhere/test_digest.py::test_torch_parity[digest.torch_parity-forkserver-map_shuffled]",

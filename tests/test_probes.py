@@ -15,7 +15,6 @@ from pytest_workerstart.probes.runner import run_scenario
 
 from . import _mpprograms as progs
 
-
 # --- leak snapshot -------------------------------------------------------------
 
 

@@ -1,7 +1,6 @@
 """The reference loader: validation, parity with torch DataLoader, failure cleanup."""
 
 import gc
-import multiprocessing
 import time
 
 import pytest
@@ -10,8 +9,7 @@ from torch.utils.data import DataLoader
 
 from pytest_workerstart import _torch_internals
 from pytest_workerstart.fixtures.datasets import AugmentedDataset, NestedMapDataset, ShardedRange, WorkerTagDataset
-from pytest_workerstart.probes.context import warm_forkserver
-from pytest_workerstart.probes.context import InstrumentedContext
+from pytest_workerstart.probes.context import InstrumentedContext, warm_forkserver
 from pytest_workerstart.probes.digest import batch_digest
 from pytest_workerstart.probes.faults import FaultPlan
 from pytest_workerstart.probes.leaks import LeakSnapshot

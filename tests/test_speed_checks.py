@@ -1,8 +1,12 @@
-"""Speed checks against their broken loaders, under spawn in the full profile.
+"""Speed checks measured end to end, under spawn in the full profile.
 
-The reference passes all three; each speed broken loader fails its target
-(``@catches(..., speed=True)``) and nothing unrelated. Each run is one shared measurement
-(3 configurations x 3 fresh-process trials), about two minutes on 2 cores.
+Each run is one shared measurement (3 configurations x 3 fresh-process trials, about
+four minutes on 2 cores), so these run alone (``-m speed``), after the other self-tests:
+the reference passes all three ids, and one broken loader per defect class shown end to
+end fails its target and nothing unrelated. Every speed broken loader's decision is
+also tested on its recorded series (tests/test_speed_judges.py), which costs no
+measurement. A run the suite refused to judge (a busy machine) is a skip, which CI's
+speed stage turns into a failure (``--skips-fail``).
 """
 
 import pytest
@@ -12,6 +16,9 @@ from pytest_workerstart.fixtures.broken import catalog
 _, SPEED_CATCHES = catalog.load()
 
 pytestmark = pytest.mark.slow
+#: The speed broken loaders measured end to end here: serial start behind a parallel API,
+#: the defect the clause exists for. The rest are judged on recorded series.
+END_TO_END = ("FakeParallel",)
 SPEED_IDS = ("speed.startup", "speed.steady_state", "speed.memory")
 ARGS = ("--workerstart-context=spawn", "--workerstart-profile=full", "-k", "speed")
 
@@ -24,6 +31,7 @@ def _judged(verdict):
     return verdict
 
 
+@pytest.mark.speed
 @pytest.mark.timeout(900)
 def test_reference_passes_every_speed_check(run_suite):
     verdict = _judged(run_suite(*ARGS))
@@ -32,8 +40,9 @@ def test_reference_passes_every_speed_check(run_suite):
             f"{check_id}: {verdict.outcomes(check_id)}\n{verdict.result.stdout.str()[-3000:]}")
 
 
+@pytest.mark.speed
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", sorted(SPEED_CATCHES))
+@pytest.mark.parametrize("name", END_TO_END)
 def test_speed_broken_loader_is_caught(run_suite, name):
     (target,), related = SPEED_CATCHES[name].targets, SPEED_CATCHES[name].related
     verdict = _judged(run_suite(f"--workerstart-loader={SPEED_CATCHES[name].spec}", *ARGS))
@@ -52,6 +61,7 @@ def test_speed_checks_skip_in_quick_profile_and_under_xdist(run_suite, monkeypat
     assert "never under xdist" in verdict.result.stdout.str()
 
 
+@pytest.mark.speed
 def test_speed_is_not_judged_on_a_busy_machine(run_suite):
     """Beside two CPU hogs the speed checks are skipped with the numbers, not failed or passed."""
     import subprocess

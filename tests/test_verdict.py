@@ -58,7 +58,8 @@ def test_precedence_cli_env_ini_default(run_suite, pytester, monkeypatch):
     monkeypatch.setenv("WORKERSTART_DRIVER_DEATH_TIMEOUT", "22")
     v = run_suite(*FAST, "-k", "start.default_serial", "--workerstart-driver-death-timeout=23")
     s = v.data["settings"]
-    assert s["driver_death_timeout"] == 23 and s["sources"]["driver_death_timeout"] == "--workerstart-driver-death-timeout"
+    assert s["driver_death_timeout"] == 23
+    assert s["sources"]["driver_death_timeout"] == "--workerstart-driver-death-timeout"
     assert s["min_speedup"] == 1.7 and s["sources"]["min_speedup"].startswith("ini workerstart_min_speedup")
     assert s["profile"] == "full" and s["sources"]["profile"] == "default"
     assert s["contexts_requested"] == ["forkserver"] and s["contexts_run"] == ["forkserver"]
@@ -169,7 +170,8 @@ def test_a_reason_keeps_the_workers_original_exception():
 
     from pytest_workerstart.verdict import one_line
 
-    message = ("TypeError: Caught TypeError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+    message = ("TypeError: Caught TypeError in DataLoader worker process 0.\n"
+               "Original Traceback (most recent call last):\n"
                '  File "worker.py", line 349, in _worker_loop\n    data = fetcher.fetch(index)\n'
                "TypeError: 'NoneType' object is not subscriptable\n")
     report = types.SimpleNamespace(longrepr=types.SimpleNamespace(reprcrash=types.SimpleNamespace(message=message)))

@@ -31,7 +31,8 @@ def run_parser() -> argparse.ArgumentParser:
     from pytest_workerstart.bench.run import CONTEXTS
 
     p = argparse.ArgumentParser(prog="python -m pytest_workerstart.bench",
-                                description="Worker-start benchmark on a EuroSAT-like JPEG set (see docs/benchmark.md).")
+                                description="Worker-start benchmark on a EuroSAT-like JPEG set "
+                                            "(see docs/benchmark.md).")
     p.add_argument("--loader", nargs="+", default=["reference"], metavar="SPEC",
                    help="reference, torch, torchdata or module:attr (as for --workerstart-loader)")
     p.add_argument("--context", nargs="+", default=["spawn"], choices=CONTEXTS)
@@ -47,8 +48,10 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=1, choices=(1, 2),
                    help="2: drop the first iterator after --max-batches and time a second one (a new epoch)")
     p.add_argument("--data-root", help="an existing EuroSAT folder (used unchanged) instead of the generated set")
-    p.add_argument("--make-dataset", action="store_true", help="generate (or verify) the offline set, print its path, exit")
-    p.add_argument("--per-class", type=int, default=EUROSAT_PER_CLASS, help="generated images per class (EuroSAT: 2700)")
+    p.add_argument("--make-dataset", action="store_true",
+                   help="generate (or verify) the offline set, print its path, exit")
+    p.add_argument("--per-class", type=int, default=EUROSAT_PER_CLASS,
+                   help="generated images per class (EuroSAT: 2700)")
     p.add_argument("--limit", type=int, default=None, help="use only this many images (a reduced workload)")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffle generator")
     p.add_argument("--trial-timeout", type=float, default=600.0)
@@ -65,7 +68,8 @@ def plot_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pytest_workerstart.bench plot")
     p.add_argument("results")
     p.add_argument("-o", "--output", required=True)
-    p.add_argument("--workers", type=int, default=None, help="worker count of the bar and slope panels (default: largest)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker count of the bar and slope panels (default: largest)")
     return p
 
 
@@ -80,7 +84,7 @@ def print_table(result: dict) -> None:
                      str(cfg["errors"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)))
     for c in result["comparisons"]:
         if c["ratio_of_medians"] is not None:
             print(f"{c['candidate']} / {c['baseline']}: first batch x{c['ratio_of_medians']:.2f} "

@@ -39,7 +39,7 @@ def plot(result: dict[str, Any], output: str, workers: int | None = None) -> Non
 
     fig, axes = plt.subplots(2, 3, figsize=(18, 10))
     flat = axes.ravel()
-    for ax, (metric, title) in zip([flat[0], flat[1], flat[2], flat[3]], PANELS):
+    for ax, (metric, title) in zip([flat[0], flat[1], flat[2], flat[3]], PANELS, strict=False):
         for x, c in enumerate(focus):
             s = c["summary"][metric]
             col = color_of[_series(c)]
@@ -57,8 +57,10 @@ def plot(result: dict[str, Any], output: str, workers: int | None = None) -> Non
     _scaling(flat[5], configs, color_of)
     m = result["machine"]
     label = result.get("label") or ""
-    fig.suptitle(f"Worker start, {result['workload']['images']} EuroSAT-like JPEGs, batch {result['workload']['batch_size']}"
-                 f" - {label} {m['cpu_model']}, {m['usable_cores']} usable cores, {m['ram_gib']} GiB, Python {m['python']},"
+    fig.suptitle(f"Worker start, {result['workload']['images']} EuroSAT-like JPEGs, "
+                 f"batch {result['workload']['batch_size']}"
+                 f" - {label} {m['cpu_model']}, {m['usable_cores']} usable cores, {m['ram_gib']} GiB, "
+                 f"Python {m['python']},"
                  f" torch {m['torch']} - medians, p10-p90 whiskers, circles = trials", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     fig.savefig(output, dpi=110)
@@ -73,7 +75,7 @@ def _slopes(ax, result: dict, workers: int, color_of: dict) -> None:
         a = result["configs"][cmp["baseline"]]
         b = result["configs"][cmp["candidate"]]
         col = color_of[_series(b)]
-        for ta, tb in zip(a["trials"], b["trials"]):
+        for ta, tb in zip(a["trials"], b["trials"], strict=False):
             if "error" in ta or "error" in tb:
                 continue
             ax.plot([2 * k, 2 * k + 1], [ta["time_to_first_batch_s"], tb["time_to_first_batch_s"]], "-o",
@@ -94,13 +96,15 @@ def _scaling(ax, configs: list[dict], color_of: dict) -> None:
     by_series: dict[str, list[dict]] = {}
     for c in configs:
         key = f"{c['loader']} {c['context']}"
-        kind = "serial" if c["parallelism"] == 1 else ("p=N" if c["parallelism"] == c["num_workers"] else f"p={c['parallelism']}")
+        kind = "serial" if c["parallelism"] == 1 else (
+            "p=N" if c["parallelism"] == c["num_workers"] else f"p={c['parallelism']}")
         by_series.setdefault(f"{key} {kind}", []).append(c)
     limits = {}
     for name, cs in by_series.items():
         cs = sorted(cs, key=lambda c: c["num_workers"])
-        pts = [(1, next((c for c in configs if c["loader"] == cs[0]["loader"] and c["context"] == cs[0]["context"]
-                         and c["num_workers"] == 1), None))] + [(c["num_workers"], c) for c in cs if c["num_workers"] > 1]
+        one = next((c for c in configs if c["loader"] == cs[0]["loader"] and c["context"] == cs[0]["context"]
+                    and c["num_workers"] == 1), None)
+        pts = [(1, one)] + [(c["num_workers"], c) for c in cs if c["num_workers"] > 1]
         pts = [(n, c) for n, c in pts if c is not None and c["summary"]["time_to_first_batch_s"]["n"]]
         if len(pts) < 2:
             continue

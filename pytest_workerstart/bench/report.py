@@ -7,7 +7,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from pytest_workerstart.probes.timing import paired_ratio
 
@@ -26,9 +27,11 @@ def machine_line(result: dict) -> str:
     m = result["machine"]
     label = f"{result['label']}: " if result.get("label") else ""
     return (f"{label}{m['cpu_model']}, {m['usable_cores']} usable cores, {m['ram_gib']} GiB RAM, "
-            f"Python {m['python']}, torch {m['torch']}, torchvision {m['torchvision']}, torchdata {m.get('torchdata')}, "
+            f"Python {m['python']}, torch {m['torch']}, torchvision {m['torchvision']}, "
+            f"torchdata {m.get('torchdata')}, "
             f"{result['workload']['images']} images, batch {result['workload']['batch_size']}, "
-            f"{result['workload']['max_batches']} batches, {result['trials_per_config']} trials per row, {result['date']}")
+            f"{result['workload']['max_batches']} batches, {result['trials_per_config']} trials per row, "
+            f"{result['date']}")
 
 
 def table(results: Iterable[dict]) -> str:

@@ -16,8 +16,9 @@ import os
 import platform
 import shlex
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from pytest_workerstart.probes.timing import paired_ratio, run_trials, summarize, usable_cores
 
@@ -87,7 +88,8 @@ def parse_config(text: str, parallel_contexts: dict[str, tuple[str, ...]]) -> Co
         workers = int(w[1:])
         parallelism = parse_parallelism(p[1:], workers)
     except ValueError:
-        raise ValueError(f"configuration {text!r}: workers and parallelism must be integers (p may be N or cores)") from None
+        raise ValueError(f"configuration {text!r}: workers and parallelism must be integers "
+                         "(p may be N or cores)") from None
     if parallelism > 1 and ctx.split("+")[0] not in parallel_contexts.get(loader, ()):
         raise ValueError(f"configuration {text!r}: {loader} does not declare parallel start for {ctx}")
     return Config(loader, ctx, workers, parallelism)
@@ -213,7 +215,8 @@ def digest_summary(configs: list[Config], digests: dict[str, set[str]]) -> dict[
 
 def redo_digests(result: dict[str, Any]) -> None:
     """Recompute ``result["digests"]`` from its raw trials (for results written by older versions)."""
-    configs = [Config(c["loader"], c["context"], c["num_workers"], c["parallelism"]) for c in result["configs"].values()]
+    configs = [Config(c["loader"], c["context"], c["num_workers"], c["parallelism"])
+               for c in result["configs"].values()]
     digests = {c.name: {t["first_batch_digest"] for t in result["configs"][c.name]["trials"] if "error" not in t}
                for c in configs}
     result["digests"] = digest_summary(configs, digests)
@@ -245,7 +248,8 @@ def run(args, progress) -> dict[str, Any]:
     import pickle
 
     result = {
-        "schema": SCHEMA, "label": args.label, "command": "python -m pytest_workerstart.bench " + shlex.join(sys.argv[1:]),
+        "schema": SCHEMA, "label": args.label,
+        "command": "python -m pytest_workerstart.bench " + shlex.join(sys.argv[1:]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "workload": {"dataset": DATASET, "root": str(root), "tree_sha256": checksum, "images": len(ds),
@@ -290,7 +294,8 @@ def to_pytest_benchmark(result: dict) -> dict:
             st.update(v)
         benches.append({"group": "time_to_first_batch", "name": name, "fullname": f"workerstart-bench::{name}",
                         "params": {k: cfg[k] for k in ("loader", "context", "num_workers", "parallelism")},
-                        "param": name, "extra_info": {}, "options": {"timer": "perf_counter", "min_rounds": len(values)},
+                        "param": name, "extra_info": {},
+                        "options": {"timer": "perf_counter", "min_rounds": len(values)},
                         "stats": {**st.as_dict(), "iterations": 1, "data": values}})
     return {"machine_info": {"node": platform.node(), "processor": result["machine"]["cpu_model"],
                              "machine": platform.machine(), "python_version": result["machine"]["python"],

@@ -23,7 +23,7 @@ import contextlib
 import signal
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -128,7 +128,7 @@ def deadline(step: str, seconds: float | None, on_expiry: Callable[[], str] | No
                 return
             message = guard() if guard is not None else None
             if message:
-                return stop(lambda d: MemoryExceeded(step, f"{step}: {message}", d))
+                return stop(lambda d, message=message: MemoryExceeded(step, f"{step}: {message}", d))
             if end is not None and time.monotonic() >= end:
                 return stop(lambda d: StepTimeout(step, seconds, d))
 

@@ -15,7 +15,6 @@ import signal
 import threading
 import time
 
-
 PARENT_KINDS = ("start_error", "start_delay", "interrupt")
 CHILD_KINDS = ("child_exit", "child_hang", "child_kill")
 
@@ -40,41 +39,41 @@ class FaultPlan:
 
     faults: tuple[Fault, ...] = ()
 
-    def __add__(self, other: "FaultPlan") -> "FaultPlan":
+    def __add__(self, other: FaultPlan) -> FaultPlan:
         return FaultPlan(self.faults + other.faults)
 
     # --- parent side -------------------------------------------------------
     @classmethod
-    def start_error(cls, worker: int, generation: int | None = 0) -> "FaultPlan":
+    def start_error(cls, worker: int, generation: int | None = 0) -> FaultPlan:
         """``Process.start()`` of ``worker`` raises ``OSError(EAGAIN)``."""
         return cls((Fault("start_error", worker, generation=generation),))
 
     @classmethod
-    def start_delay(cls, delays: dict[int, float], generation: int | None = 0) -> "FaultPlan":
+    def start_delay(cls, delays: dict[int, float], generation: int | None = 0) -> FaultPlan:
         """``Process.start()`` of each worker sleeps first (adversarial timing)."""
         return cls(tuple(Fault("start_delay", w, d, generation) for w, d in delays.items()))
 
     @classmethod
-    def reverse_finish(cls, num_workers: int, step: float = 0.4) -> "FaultPlan":
+    def reverse_finish(cls, num_workers: int, step: float = 0.4) -> FaultPlan:
         """Delays that make worker N-1 finish starting first and worker 0 last."""
         return cls.start_delay({w: (num_workers - 1 - w) * step for w in range(num_workers)})
 
     @classmethod
-    def interrupt(cls, worker: int) -> "FaultPlan":
+    def interrupt(cls, worker: int) -> FaultPlan:
         """SIGINT to the driver's main thread as ``worker`` begins to start."""
         return cls((Fault("interrupt", worker),))
 
     # --- child side (during boot, before the worker loop) ------------------
     @classmethod
-    def child_exit(cls, worker: int, code: int = 3) -> "FaultPlan":
+    def child_exit(cls, worker: int, code: int = 3) -> FaultPlan:
         return cls((Fault("child_exit", worker, code),))
 
     @classmethod
-    def child_hang(cls, worker: int) -> "FaultPlan":
+    def child_hang(cls, worker: int) -> FaultPlan:
         return cls((Fault("child_hang", worker),))
 
     @classmethod
-    def child_kill(cls, worker: int) -> "FaultPlan":
+    def child_kill(cls, worker: int) -> FaultPlan:
         return cls((Fault("child_kill", worker),))
 
     # --- helpers -----------------------------------------------------------
@@ -82,7 +81,7 @@ class FaultPlan:
         return [f for f in self.faults if f.worker == worker and f.generation in (None, generation)]
 
     @staticmethod
-    def worker_init_fn(worker: int, once_path: str | None = None) -> "RaiseInWorkerInit":
+    def worker_init_fn(worker: int, once_path: str | None = None) -> RaiseInWorkerInit:
         """A picklable ``worker_init_fn`` that raises in ``worker`` only.
 
         With ``once_path`` it raises only the first time (it creates that file),

@@ -46,7 +46,7 @@ class ForeignCPU:
     share: float = 0.0
     cpus: int = 1
 
-    def __enter__(self) -> "ForeignCPU":
+    def __enter__(self) -> ForeignCPU:
         self.cpus = psutil.cpu_count() or 1
         self._t0, self._m0, self._o0 = time.monotonic(), _machine(), tree_cpu_s()
         return self

@@ -26,7 +26,7 @@ import os
 import re
 import threading
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import psutil
 
@@ -212,7 +212,7 @@ class ShmWatch:
     """
 
     def __init__(self, interval: float = 0.05, root: int | None = None,
-                 also: "Callable[[], Iterable[int]] | None" = None, eager: bool = True):
+                 also: Callable[[], Iterable[int]] | None = None, eager: bool = True):
         self.interval = interval
         self.eager = eager  # also sample whenever an entry appears (False: on the clock only)
         self.root = root  # the tree's root pid (default: this process)
@@ -262,7 +262,7 @@ class ShmWatch:
             if notify is not None:
                 notify.close()
 
-    def __enter__(self) -> "ShmWatch":
+    def __enter__(self) -> ShmWatch:
         self._before = shm_entries()
         self._thread = threading.Thread(target=self._run, name="workerstart-shm-watch", daemon=True)
         self._thread.start()
@@ -322,7 +322,7 @@ class LeakSnapshot:
     taken_at: float
 
     @classmethod
-    def take(cls, *, collect: bool = True) -> "LeakSnapshot":
+    def take(cls, *, collect: bool = True) -> LeakSnapshot:
         if collect:
             gc.collect()
         me = psutil.Process()
@@ -365,7 +365,7 @@ class LeakSnapshot:
         return cls(procs, threads, fds, shm, dangling, time.monotonic())
 
     # --- diffing -----------------------------------------------------------
-    def diff(self, after: "LeakSnapshot") -> "LeakReport":
+    def diff(self, after: LeakSnapshot) -> LeakReport:
         new_fds = {}
         for fd, target in after.fds.items():
             if self.fds.get(fd) != target:
@@ -379,8 +379,8 @@ class LeakSnapshot:
         )
 
     @classmethod
-    def wait_clean(cls, before: "LeakSnapshot", timeout: float = 10.0, interval: float = 0.1,
-                   kinds: Iterable[str] | None = None) -> "LeakReport":
+    def wait_clean(cls, before: LeakSnapshot, timeout: float = 10.0, interval: float = 0.1,
+                   kinds: Iterable[str] | None = None) -> LeakReport:
         """Poll until nothing of ``kinds`` leaked since ``before`` or ``timeout``."""
         deadline = time.monotonic() + timeout
         while True:
@@ -402,7 +402,7 @@ class LeakReport:
     shm: list[str]
     dangling: list[int]
 
-    def only(self, kinds: Iterable[str] | None) -> "LeakReport":
+    def only(self, kinds: Iterable[str] | None) -> LeakReport:
         if kinds is None:
             return self
         kinds = set(kinds)

@@ -6,8 +6,8 @@ descendant, even one orphaned and re-parented to init, shares its session id),
 calls ``func(**kwargs)`` there and returns a :class:`ScenarioResult`.
 
 On timeout the parent asks faulthandler in the child for every thread's stack
-(SIGUSR1), then kills the whole session (:func:`~pytest_workerstart.probes.reaper.kill_session`) and reports ``hang`` with
-those stacks. A child that dies without a result is reported as ``crash``.
+(SIGUSR1), then kills the whole session (:func:`~pytest_workerstart.probes.reaper.kill_session`) and
+reports ``hang`` with those stacks. A child that dies without a result is reported as ``crash``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from pytest_workerstart.probes import reaper
-
 
 #: Set (in a thread of :mod:`pytest_workerstart.lookahead`) to an event that, once set,
 #: stops the scenario at its next poll: its tree is killed and ScenarioAborted raised.

@@ -16,7 +16,8 @@ import gc
 import os
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from pytest_workerstart.probes.cores import usable_cores  # noqa: F401 - part of the timing probe
 from pytest_workerstart.probes.foreign_cpu import tree_cpu_s
@@ -270,7 +271,7 @@ def paired_ratio(numerator: Sequence[float | None], denominator: Sequence[float 
     """
     num = [v for v in numerator if v is not None]
     den = [v for v in denominator if v is not None]
-    pairs = [x / y for x, y in zip(numerator, denominator) if x is not None and y]
+    pairs = [x / y for x, y in zip(numerator, denominator, strict=False) if x is not None and y]
     den_median = statistics.median(den) if den else 0
     return {"ratio_of_medians": statistics.median(num) / den_median if num and den_median else None,
             "median_pair_ratio": statistics.median(pairs) if pairs else None}

@@ -124,7 +124,7 @@ class Refused(Exception):
 class WarmChild:
     """The part of :class:`subprocess.Popen` the runner uses, for a child of the zygote."""
 
-    def __init__(self, zygote: "Zygote", pid: int):
+    def __init__(self, zygote: Zygote, pid: int):
         self._zygote, self.pid = zygote, pid
         self.returncode: int | None = None
 
