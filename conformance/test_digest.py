@@ -65,7 +65,8 @@ def test_first_batch(check_env, kind):
             f"(digest {got[:16]} != {expected[:16]} computed in the test process): the loader alters samples")
     if truth is not None:
         assert got == truth, f"first batch {got[:16]} != in-process truth {truth[:16]}"
-    seen = check_env.request.config.stash.setdefault(DIGESTS, {})
+    # per loader: a project's own tests may judge several loaders in one session
+    seen = check_env.request.config.stash.setdefault(DIGESTS, {}).setdefault(check_env.loader.spec, {})
     for other_ctx, other in seen.get(kind, {}).items():
         assert other == got, (f"first batch differs between contexts: {other_ctx} {other[:16]} "
                               f"vs {check_env.context_name} {got[:16]}")

@@ -73,7 +73,8 @@ def test_worker_seeds(check_env):
         assert serial == torch_seeds, (
             f"worker seeds {serial} differ from torch's base_seed + worker_id {torch_seeds} for the same generator; "
             f"declare torch_parity=false if the loader deliberately differs")
-    seen = check_env.request.config.stash.setdefault(SEEDS, {})
+    # per loader: a project's own tests may judge several loaders in one session
+    seen = check_env.request.config.stash.setdefault(SEEDS, {}).setdefault(check_env.loader.spec, {})
     for other_ctx, other in seen.items():
         assert other == serial, (
             f"seeds differ between contexts: {other_ctx} {other} vs {check_env.context_name} {serial}")

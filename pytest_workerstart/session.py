@@ -256,6 +256,7 @@ class WorkerstartSession:
     def adopt(self, loader: protocol.LoaderUnderTest) -> None:
         """Judge ``loader`` (from a fixture) instead of the settings' SPEC."""
         self.loader = loader
+        self._streak.clear()  # a run of failures is one loader's
         self.verdict.loader = loader.describe()
         self.verdict.settings = self._settings_record()
         if self.settings.preflight and loader.spec not in self._preflown:

@@ -85,12 +85,18 @@ def run_batch(directory: Path, entries: dict[str, tuple[str, Sequence[str]]], ar
     out = directory / "verdict.json"
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--basetemp={directory / 'basetemp'}",
            f"--workerstart-json={out}", *args]
-    try:
-        done = subprocess.run(cmd, cwd=directory, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-        output = done.stdout + done.stderr
-    except subprocess.TimeoutExpired as exc:
-        output = f"the batch run exceeded {timeout} s; its output: {exc.stdout!s:.3000}"
+    log = directory / "output.txt"
+    # Output to a file, not a pipe: a loader's leaked process may keep a pipe open after pytest exits.
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, cwd=directory, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout)
+            ended = ""
+        except subprocess.TimeoutExpired:
+            proc.kill()  # its guard process cleans up what the suite started
+            proc.wait()
+            ended = f"\nthe batch run exceeded {timeout} s and was killed"
+    output = log.read_text() + ended
     data = json.loads(out.read_text()) if out.exists() else {"checks": [], "complete": False}
     if data["checks"]:
         validate_verdict(data)

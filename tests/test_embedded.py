@@ -48,3 +48,29 @@ def test_fixture_factory_must_be_importable(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--workerstart-context=forkserver")
     assert "define the factory at module level of an importable module" in result.stdout.str() + result.stderr.str()
     assert result.ret != 0
+
+
+def test_each_module_judges_its_own_loader(pytester):
+    """Two modules, two loaders, one session: the second is not compared with the first's results
+    (the first alters its samples, so its first batch differs from the second's)."""
+    for name, spec in (("test_torch_loader", "torch"),
+                       ("test_altered", "pytest_workerstart.fixtures.broken.on_torch:AltersSamples")):
+        pytester.makepyfile(**{name: f"""
+            import pytest
+            from pytest_workerstart.conformance.test_digest import test_first_batch  # noqa: F401
+            from pytest_workerstart.conformance.test_order import test_worker_seeds  # noqa: F401
+
+            @pytest.fixture(scope="module")
+            def workerstart_loader():
+                return {spec!r}
+        """})
+    out = pytester.path / "verdict.json"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--workerstart-context=forkserver",
+                                           f"--workerstart-json={out}", "test_altered.py", "test_torch_loader.py")
+    v = Verdict(out, result)
+    outcome = {(c["nodeid"].partition(".py")[0], c["id"]): c["outcome"] for c in v.data["checks"]
+               if "map_nested" in c["nodeid"] or c["id"] == "order.worker_seeds"}
+    assert outcome == {("test_torch_loader", "digest.first_batch"): "passed",
+                       ("test_torch_loader", "order.worker_seeds"): "passed",
+                       ("test_altered", "digest.first_batch"): "failed",
+                       ("test_altered", "order.worker_seeds"): "passed"}, result.stdout.str()[-3000:]

@@ -1,9 +1,9 @@
 """The speed clause's decisions on recorded and synthetic series, without a measurement.
 
 ``tests/data/speed/*.json`` are the series the suite measured for the reference
-and for every speed broken loader (``pytest --workerstart --workerstart-context=spawn
---workerstart-profile=full -k speed``, the verdict's ``measurements``; how they were
-made is in each file's ``command``). Each must get the outcome its loader declares;
+and for every speed broken loader, with the outcome it gave then
+(``python -m tests.record_speed_series NAME=SPEC`` records one). Each must get the
+outcome its loader declares, and the one the suite gave when it was measured;
 tests/test_speed_checks.py measures end to end.
 """
 
@@ -44,6 +44,7 @@ def test_recorded_broken_loader_fails_its_target_and_nothing_unrelated(name):
     assert rec["loader"] == catch.spec, "recorded for another loader"
     for check_id, judge in JUDGES.items():
         problems = judge(rec["m"], rec["usable_cores"])
+        assert bool(problems) == (rec["outcomes"][check_id] == "failed"), (name, check_id, problems)
         if check_id in catch.targets:
             assert problems, f"{name}: {check_id} passes on its recorded series"
         elif check_id not in catch.related:
@@ -52,6 +53,7 @@ def test_recorded_broken_loader_fails_its_target_and_nothing_unrelated(name):
 
 def test_recorded_reference_passes_every_speed_judge():
     rec = _recorded("reference")
+    assert set(rec["outcomes"].values()) == {"passed"}
     for check_id, judge in JUDGES.items():
         assert judge(rec["m"], rec["usable_cores"]) == [], check_id
 
