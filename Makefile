@@ -24,7 +24,7 @@ venv: $(STAMP)
 RUFF  = $(VENV)/bin/ruff
 STAGE = bash .ci/stage
 #: xdist workers for the self-tests that do not measure speed (they mostly wait on boots and bounds)
-JOBS ?= 3
+JOBS ?= 4
 
 lint: $(STAMP)
 	$(RUFF) check .
@@ -35,12 +35,13 @@ check: $(STAMP)
 	$(STAGE) unit $(PY) -m pytest -p no:cacheprovider -q -n 2 -m "not suite and not slow and not speed" tests
 
 # What CI runs, in three timed stages: lint; every self-test but the speed
-# measurements, side by side (a batch of broken loaders keeps its xdist group);
+# measurements, side by side (a module, or a class, stays on one xdist worker:
+# a batch of broken loaders is one class);
 # then the speed measurements alone, where a skip (the suite refused to judge a
 # busy machine) fails the run.
 test: $(STAMP)
 	$(STAGE) lint $(RUFF) check .
-	$(STAGE) self-tests $(PY) -m pytest -p no:cacheprovider --durations=30 -n $(JOBS) --dist loadgroup \
+	$(STAGE) self-tests $(PY) -m pytest -p no:cacheprovider --durations=30 -n $(JOBS) --dist loadscope \
 	    -m "not speed" tests
 	$(STAGE) speed $(PY) -m pytest -p no:cacheprovider --durations=10 -m speed --skips-fail tests
 

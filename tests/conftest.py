@@ -15,10 +15,12 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark what runs a suite, so ``-m "not suite"`` is the fast inner loop (``make check``)."""
+    """Mark what runs a suite, so ``-m "not suite"`` is the fast inner loop (``make check``); then
+    order the longest kinds first, so that under xdist the short ones fill the end of the run."""
     for item in items:
         if SUITE_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("suite"):
             item.add_marker(pytest.mark.suite)
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.get_closest_marker("suite") is None))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -6,7 +6,8 @@ checks in the quick profile under forkserver; the target must fail, sentinels
 not related to the defect must not. The loaders are judged in a few batches
 (one suite run each, one module per loader: tests/_batch.py); each loader is
 still its own test, and a loader whose batch ended before its checks finished
-is rerun alone. A batch's tests share an xdist group, so it runs once.
+is rerun alone. A batch's tests are one class, so ``--dist loadscope`` keeps them
+on one xdist worker and the batch runs once.
 """
 
 import pytest
@@ -79,14 +80,29 @@ def _slice(name: str, tmp_path_factory) -> _batch.Slice:
     return _SLICES[batch][name]
 
 
-@pytest.mark.timeout(2 * BATCH_TIMEOUT_S + 60)  # the batch's first test runs it, and maybe a rerun alone
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xdist_group(BATCH_OF[n])) for n in sorted(CATCHES)])
-def test_broken_loader_is_caught(name, tmp_path_factory):
-    catch = CATCHES[name]
-    got = _slice(name, tmp_path_factory)
-    assert got.checks, f"{name}: no check of it ran\n{got.output[-3000:]}"
-    for target in catch.targets:
-        assert "failed" in got.outcomes(target), (
-            f"{name}: {target} did not fail: {got.outcomes(target)}\n{got.describe()}")
-    collateral = got.failed_ids() - set(catch.targets) - set(catch.related)
-    assert not collateral, f"{name}: unrelated checks failed too: {sorted(collateral)}\n{got.describe()}"
+class BrokenLoaders:
+    """The tests of one batch: ``names`` are its broken loaders (subclasses below, one per batch)."""
+
+    batch: str = ""
+    names: tuple[str, ...] = ()
+
+    @pytest.mark.timeout(2 * BATCH_TIMEOUT_S + 60)  # the batch's first test runs it, and maybe a rerun alone
+    def test_broken_loader_is_caught(self, name, tmp_path_factory):
+        catch = CATCHES[name]
+        got = _slice(name, tmp_path_factory)
+        assert got.checks, f"{name}: no check of it ran\n{got.output[-3000:]}"
+        for target in catch.targets:
+            assert "failed" in got.outcomes(target), (
+                f"{name}: {target} did not fail: {got.outcomes(target)}\n{got.describe()}")
+        collateral = got.failed_ids() - set(catch.targets) - set(catch.related)
+        assert not collateral, f"{name}: unrelated checks failed too: {sorted(collateral)}\n{got.describe()}"
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.cls is not None and issubclass(metafunc.cls, BrokenLoaders):
+        metafunc.parametrize("name", metafunc.cls.names)
+
+
+for _batch_name, _names in _batches().items():
+    _cls = f"TestBatch{_batch_name.upper()}"
+    globals()[_cls] = type(_cls, (BrokenLoaders,), {"batch": _batch_name, "names": tuple(_names)})
