@@ -34,16 +34,18 @@ check: $(STAMP)
 	$(STAGE) lint $(RUFF) check .
 	$(STAGE) unit $(PY) -m pytest -p no:cacheprovider -q -n 2 -m "not suite and not slow and not speed" tests
 
-# What CI runs, in three timed stages: lint; every self-test but the speed
-# measurements, side by side (a module, or a class, stays on one xdist worker:
-# a batch of broken loaders is one class);
-# then the speed measurements alone, where a skip (the suite refused to judge a
-# busy machine) fails the run.
+# What CI runs, in three timed stages; each runs, and any failure fails the target:
+# lint; every self-test but the speed measurements, side by side (a module, or a
+# class, stays on one xdist worker: a batch of broken loaders is one class); then
+# the speed measurements alone, where a skip (the suite refused to judge a busy
+# machine) fails the run.
 test: $(STAMP)
-	$(STAGE) lint $(RUFF) check .
+	@rc=0; \
+	$(STAGE) lint $(RUFF) check . || rc=1; \
 	$(STAGE) self-tests $(PY) -m pytest -p no:cacheprovider --durations=30 -n $(JOBS) --dist loadscope \
-	    -m "not speed" tests
-	$(STAGE) speed $(PY) -m pytest -p no:cacheprovider --durations=10 -m speed --skips-fail tests
+	    -m "not speed" tests || rc=1; \
+	$(STAGE) speed $(PY) -m pytest -p no:cacheprovider --durations=10 -m speed --skips-fail tests || rc=1; \
+	exit $$rc
 
 # `make test` and `make conformance-quick` while LOAD CPU-bound processes run
 # beside them (default 2: on a 2-core machine, half the CPU for the suite).

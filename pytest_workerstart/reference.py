@@ -46,6 +46,7 @@ import queue
 import threading
 import time
 import traceback
+from typing import TypeVar
 
 import torch
 import torch.multiprocessing
@@ -106,6 +107,17 @@ def _name_unpicklable(err: BaseException, arguments: dict, method: str) -> None:
         err.args = (err.describe(cause, f"{name} cannot be pickled, and the {method!r} start method sends it to "
                                         "every worker (define it at module level: lambdas and local functions "
                                         "do not pickle; or use 'fork')"),)
+
+
+def _killed_by_signal(pid: int, signum: int) -> str:
+    """torch's own wording for a worker a signal killed (its SIGCHLD handler's message)."""
+    import signal
+
+    try:
+        name = signal.strsignal(signum) or f"signal {signum}"
+    except ValueError:
+        name = f"signal {signum}"
+    return f"DataLoader worker (pid {pid}) is killed by signal: {name}."
 
 
 def _is_worker_failure(exc: BaseException) -> bool:
@@ -207,7 +219,11 @@ def preload_forkserver(*modules: str, dataset=None) -> list[str]:
     return names
 
 
-class ParallelStartDataLoader(DataLoader):
+#: The item type, as torch's DataLoader is generic in it (``ParallelStartDataLoader[Batch]``).
+T_co = TypeVar("T_co", covariant=True)
+
+
+class ParallelStartDataLoader(DataLoader[T_co]):
     """``torch.utils.data.DataLoader`` plus ``worker_start_parallelism``.
 
     ``worker_start_parallelism`` (int >= 1, default 1): how many worker starts may
@@ -749,9 +765,12 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         raise WorkerFailedError(message)
 
     def _describe_failure(self, text: str) -> str:
+        """``text`` (torch's wording where torch has one), then which worker did what."""
         names = []
         for worker_id, w in enumerate(self._workers):
             code = w.exitcode
+            if code is not None and code < 0 and "is killed by signal" not in text:
+                text = _killed_by_signal(w.pid, -code)
             if code is not None:
                 names.append(f"worker {worker_id} (pid {w.pid}) exited with code {code}")
         if not names and getattr(self, "_tasks_outstanding", 0):
@@ -759,7 +778,9 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
             if owed:
                 w = self._workers[owed[0]]
                 names.append(f"worker {owed[0]} (pid {w.pid}) did not answer")
-        return f"{text}: " + "; ".join(names) if names else text
+        if not names:
+            return text
+        return f"{text}{' ' if text.endswith('.') else ': '}" + "; ".join(names)
 
     def _fail(self) -> None:
         """Shut every worker down and drop queue references (the iterator is dead)."""

@@ -64,6 +64,7 @@ def _cli(args, tmp_path):
     return code, json.loads(out.read_text()) if out.exists() else None
 
 
+@pytest.mark.suite
 @pytest.mark.timeout(600)
 def test_run_records_raw_trials_machine_and_ratios_then_plots_and_compares(small_set, tmp_path, capsys):
     root, checksum = small_set
@@ -104,6 +105,7 @@ def test_run_records_raw_trials_machine_and_ratios_then_plots_and_compares(small
     assert shown.returncode == 0 and "reference/forkserver/w2/p2" in shown.stdout, shown.stderr[-1500:]
 
 
+@pytest.mark.suite
 @pytest.mark.timeout(600)
 def test_mismatched_first_batch_digest_fails_loudly(small_set, tmp_path, capsys):
     # ExtraGeneratorDraw's parallel path consumes a draw of the generator: its
@@ -133,6 +135,7 @@ def test_bad_loader_spec_is_one_line_usage_error(small_set, capsys):
     assert code == 2 and len(err) == 1 and err[0].startswith("ERROR: ") and "no_such_module" in err[0]
 
 
+@pytest.mark.suite
 @pytest.mark.timeout(600)
 def test_exact_configs_two_epochs_arrivals_and_epoch_targets(small_set, tmp_path, capsys):
     """--config picks configurations; --epochs 2 times a second iterator; every batch's arrival is kept,

@@ -20,6 +20,7 @@ def _torchrun(*args):
     return proc, (json.loads(lines[-1]) if lines else None)
 
 
+@pytest.mark.suite
 @pytest.mark.timeout(400)
 def test_torchrun_reference_covers_every_index_once():
     proc, verdict = _torchrun()
@@ -28,6 +29,7 @@ def test_torchrun_reference_covers_every_index_once():
     assert verdict["ranks"] == 2 and verdict["workers_per_rank"] == 2
 
 
+@pytest.mark.suite
 @pytest.mark.timeout(400)
 def test_torchrun_catches_a_loader_that_does_not_shard():
     proc, verdict = _torchrun("--loader", "pytest_workerstart.fixtures.broken.loaders:NoShardInfo")

@@ -60,6 +60,7 @@ def test_docs_show_commands():
     assert len(COMMANDS) >= 15, COMMANDS
 
 
+@pytest.mark.suite  # each runs a pytest, the benchmark or make of its own
 @pytest.mark.parametrize(("page", "command"), COMMANDS, ids=[f"{p}:{c[:60]}" for p, c in COMMANDS])
 def test_command_is_exercised(page, command, tmp_path):
     redirect = None

@@ -7,15 +7,11 @@ import time
 import psutil
 import pytest
 
-from pytest_workerstart.probes.leaks import SHM_PATTERN, attributed_shm
+from pytest_workerstart.probes.leaks import ShmWatch, attributed_shm
 
 pytestmark = pytest.mark.slow
 MODULE = "pytest_workerstart.fixtures.broken.hostile"
 LIMIT_S = 300
-
-
-def _shm() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if SHM_PATTERN.match(n)}
 
 
 #: Set for every suite run of this module: a leftover is a process that inherited
@@ -28,8 +24,17 @@ def _tagged(monkeypatch):
     monkeypatch.setenv(TAG, f"{os.getpid()}-{time.monotonic_ns()}")
 
 
-def _leftovers(t0: float, shm_before: set[str]):
-    """Processes of this module's runs (tagged, not ours) and /dev/shm entries nobody maps any more."""
+@pytest.fixture(autouse=True)
+def shm_watch():
+    """The /dev/shm entries this test's process tree creates (inotify-woken samples of the tree):
+    only those can be its leftovers, whatever other jobs, or xdist workers, create meanwhile."""
+    with ShmWatch() as watch:
+        yield watch
+
+
+def _leftovers(t0: float, watch: ShmWatch):
+    """Processes of this module's runs (tagged, not ours) and /dev/shm entries our tree created
+    that still exist and nobody maps any more."""
     tag = os.environ[TAG]
     ours = {p.pid for p in psutil.Process().children(recursive=True)} | {os.getpid()}
     procs = []
@@ -42,9 +47,9 @@ def _leftovers(t0: float, shm_before: set[str]):
         except psutil.Error:
             continue
         procs.append(f"pid {p.pid} {' '.join(p.info['cmdline'] or [])[:120]}")
-    new = _shm() - shm_before
-    live = attributed_shm(p.pid for p in psutil.process_iter()) if new else set()
-    return procs, sorted(new - live)
+    created = set(watch.left())
+    live = attributed_shm(p.pid for p in psutil.process_iter()) if created else set()
+    return procs, sorted(created - live)
 
 
 @pytest.mark.parametrize("name, expect", [
@@ -53,8 +58,8 @@ def _leftovers(t0: float, shm_before: set[str]):
     ("SegfaultsInIter", "killed by signal 11"),
     ("SegfaultsInWorker", "DataLoader worker"),
 ])
-def test_preflight_gives_a_verdict(run_suite, name, expect):
-    t0, shm_before = time.time(), _shm()
+def test_preflight_gives_a_verdict(run_suite, shm_watch, name, expect):
+    t0 = time.time()
     v = run_suite(f"--workerstart-loader={MODULE}:{name}", "--workerstart-profile=quick", timeout=LIMIT_S)
     took = time.time() - t0
     out = v.result.stdout.str() + v.result.stderr.str()
@@ -67,14 +72,14 @@ def test_preflight_gives_a_verdict(run_suite, name, expect):
     lines = [ln for ln in out.splitlines() if "workerstart: preflight:" in ln]
     assert lines and expect in lines[0] and "adapter" in lines[0], out[-3000:]
     time.sleep(1.0)
-    procs, shm = _leftovers(t0, shm_before)
+    procs, shm = _leftovers(t0, shm_watch)
     assert not procs and not shm, f"left behind: {procs} {shm}"
 
 
-def test_deadlines_and_circuit_breaker(run_suite):
+def test_deadlines_and_circuit_breaker(run_suite, shm_watch):
     """Passes the preflight, then hangs in every check with 3 workers: each such check
     fails at its deadline with stacks; after 3 in a row the rest are reported not run."""
-    t0, shm_before = time.time(), _shm()
+    t0 = time.time()
     v = run_suite(f"--workerstart-loader={MODULE}:HangsWithThreeWorkers", "--workerstart-profile=quick",
                   "--workerstart-context=forkserver", "--workerstart-step-timeout=15", "--tb=short",
                   timeout=LIMIT_S)  # the stacks are in the tracebacks, shown only when asked for
@@ -90,7 +95,7 @@ def test_deadlines_and_circuit_breaker(run_suite):
     assert "driver thread MainThread" in out and "--- worker 0 (pid" in out, out[-4000:]
     assert "circuit breaker: the loader failed the same way (hang at next() #1) in 3 checks in a row" in out
     time.sleep(1.0)
-    procs, shm = _leftovers(t0, shm_before)
+    procs, shm = _leftovers(t0, shm_watch)
     assert not procs and not shm, f"left behind: {procs} {shm}"
 
 
@@ -117,10 +122,10 @@ def test_crash_mid_session_is_contained_under_xdist(run_suite, pytester):
     assert data["complete"] is True, data["summary"]
 
 
-def test_memory_guard_stops_a_runaway_loader(run_suite):
+def test_memory_guard_stops_a_runaway_loader(run_suite, shm_watch):
     """A loader that allocates without bound is stopped at the limit, at the
     preflight (exit 4) and inside a check (failed, with the numbers), not the machine."""
-    t0, shm_before = time.time(), _shm()
+    t0 = time.time()
     spec = f"--workerstart-loader={MODULE}:EatsMemoryAtFirstBatch"
     v = run_suite(spec, "--workerstart-context=forkserver", "--workerstart-memory-limit=3", "-k", "default_serial",
                   timeout=LIMIT_S)
@@ -134,4 +139,4 @@ def test_memory_guard_stops_a_runaway_loader(run_suite):
     assert v.outcomes("start.default_serial") == ["failed"]
     assert "over the 3.0 GiB limit (--workerstart-memory-limit)" in reason, reason
     assert time.time() - t0 < LIMIT_S
-    assert _leftovers(t0, shm_before) == ([], [])
+    assert _leftovers(t0, shm_watch) == ([], [])

@@ -108,10 +108,21 @@ def _verdict_map(verdict):
     return {(c["id"], c["context"], c["nodeid"].split("[", 1)[-1]): c["outcome"] for c in verdict.data["checks"]}
 
 
+_ALONE: dict[str, dict] = {}
+
+
+def _alone(run_suite) -> dict:
+    """The verdict of K run alone, once per module (the tests below compare with it)."""
+    if "map" not in _ALONE:
+        alone = run_suite(*FAST, "-k", K)
+        assert alone.data["complete"] and alone.failed_ids() == set(), alone.result.stdout.str()[-3000:]
+        _ALONE["map"] = _verdict_map(alone)
+    return _ALONE["map"]
+
+
 def test_two_runs_at_once_beside_a_churner(run_suite, tmp_path, pytester):
     """Both runs get the verdict a run alone gets, and the churner never loses a semaphore."""
-    alone = run_suite(*FAST, "-k", K)
-    assert alone.data["complete"] and alone.failed_ids() == set(), alone.result.stdout.str()[-3000:]
+    alone = _alone(run_suite)
     second_dir = tmp_path / "second"
     second_dir.mkdir()
     out2 = second_dir / "verdict.json"
@@ -124,16 +135,16 @@ def test_two_runs_at_once_beside_a_churner(run_suite, tmp_path, pytester):
     from tests.conftest import Verdict
 
     second = Verdict(out2, None)
-    assert _verdict_map(first) == _verdict_map(alone), first.result.stdout.str()[-3000:]
-    assert _verdict_map(second) == _verdict_map(alone), second_out[-3000:]
+    assert _verdict_map(first) == alone, first.result.stdout.str()[-3000:]
+    assert _verdict_map(second) == alone, second_out[-3000:]
     assert churner.report["lost"] == 0, f"a suite run unlinked a neighbour's semaphores: {churner.report}"
 
 
 def test_xdist_gives_the_plain_verdict(run_suite):
-    plain = run_suite(*FAST, "-k", K)
+    plain = _alone(run_suite)
     dist = run_suite(*FAST, "-k", K, "-p", "xdist", "-n", "2")
     assert dist.data["complete"], dist.result.stdout.str()[-3000:]
-    assert _verdict_map(dist) == _verdict_map(plain), dist.result.stdout.str()[-3000:]
+    assert _verdict_map(dist) == plain, dist.result.stdout.str()[-3000:]
 
 
 def test_interrupt_check_holds_when_sigint_is_inherited_ignored(run_suite):

@@ -53,10 +53,13 @@ def test_speed_broken_loader_is_caught(run_suite, name):
 
 
 def test_speed_checks_skip_in_quick_profile_and_under_xdist(run_suite, monkeypatch):
-    verdict = run_suite("--workerstart-context=spawn", "--workerstart-profile=quick", "-k", "speed")
+    # no preflight: nothing here needs a worker booted
+    verdict = run_suite("--workerstart-context=spawn", "--workerstart-profile=quick", "-k", "speed",
+                        "--workerstart-preflight=false")
     assert all(verdict.outcomes(c) == ["skipped"] for c in SPEED_IDS), verdict.result.stdout.str()[-2000:]
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
-    verdict = run_suite("--workerstart-context=spawn", "--workerstart-profile=full", "-k", "speed")
+    verdict = run_suite("--workerstart-context=spawn", "--workerstart-profile=full", "-k", "speed",
+                        "--workerstart-preflight=false")
     assert all(verdict.outcomes(c) == ["skipped"] for c in SPEED_IDS), verdict.result.stdout.str()[-2000:]
     assert "never under xdist" in verdict.result.stdout.str()
 
