@@ -53,6 +53,7 @@ def _watch_tree(proc: subprocess.Popen, until, timeout: float = 180) -> dict:
     pytest.fail(f"the scenario never got going; pytest output:\n{output}")
 
 
+@pytest.mark.suite  # a pytest of its own, killed mid-scenario
 @pytest.mark.parametrize("sig, group", [("SIGINT", False), ("SIGTERM", True), ("SIGKILL", False)],
                          ids=["sigint", "sigterm-group", "sigkill"])
 def test_killed_pytest_leaves_nothing(tmp_path, sig, group):

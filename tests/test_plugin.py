@@ -205,6 +205,7 @@ def test_capability_names_are_documented():
         assert f"`{name}`" in docs, f"capability {name} is not documented"
 
 
+@pytest.mark.suite  # a pytest of its own, interrupted
 def test_sigint_leaves_no_process(tmp_path):
     """A real Ctrl-C while a scenario runs: pytest exits and leaves nothing behind."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -294,6 +295,7 @@ def test_a_forwarded_parallelism_keyword_is_not_taken_for_validation(pytester, r
     assert any("it passed it on and a callee refused it" in r for r in v.reasons("start.parameter_validation"))
 
 
+@pytest.mark.suite  # runs the pytest script
 def test_adapter_module_in_the_current_directory_under_the_pytest_script(tmp_path):
     """`pytest` (unlike `python -m pytest`) does not put the current directory on
     sys.path; an adapter SPEC naming ./myadapter.py must still resolve."""
