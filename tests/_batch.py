@@ -20,23 +20,19 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from pytest_workerstart import registry
-
 #: node-id prefix of a batch module
 PREFIX = "test_ws_"
 
 
 def check_functions() -> dict[str, list[tuple[str, str]]]:
     """check id -> [(conformance module, function name)] of the functions that carry its marker."""
-    import importlib
+    from pytest_workerstart.conformance import _checks
 
     out: dict[str, list[tuple[str, str]]] = {}
-    for module in dict.fromkeys(c.conformance_module for c in registry.CHECKS.values()):
-        mod = importlib.import_module(f"pytest_workerstart.conformance.{module}")
-        for name, fn in vars(mod).items():
-            for mark in getattr(fn, "pytestmark", ()):
-                if name.startswith("test_") and mark.name == "workerstart_check":
-                    out.setdefault(mark.args[0], []).append((module, name))
+    for name, fn in _checks().items():
+        for mark in getattr(fn, "pytestmark", ()):
+            if mark.name == "workerstart_check":
+                out.setdefault(mark.args[0], []).append((fn.__module__.rpartition(".")[2], name))
     return out
 
 

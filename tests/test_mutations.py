@@ -85,7 +85,6 @@ def _slice(name: str, tmp_path_factory) -> _batch.Slice:
 class BrokenLoaders:
     """The tests of one batch: ``names`` are its broken loaders (subclasses below, one per batch)."""
 
-    batch: str = ""
     names: tuple[str, ...] = ()
 
     @pytest.mark.timeout(2 * BATCH_TIMEOUT_S + 60)  # the batch's first test runs it, and maybe a rerun alone
@@ -107,4 +106,4 @@ def pytest_generate_tests(metafunc):
 
 for _batch_name, _names in _batches().items():
     _cls = f"TestBatch{_batch_name.upper()}"
-    globals()[_cls] = type(_cls, (BrokenLoaders,), {"batch": _batch_name, "names": tuple(_names)})
+    globals()[_cls] = type(_cls, (BrokenLoaders,), {"names": tuple(_names)})
