@@ -1,4 +1,5 @@
-"""Order clause: registration order and per-worker seeds survive any start order.
+"""Order clause: registration order and per-worker seeds survive any start order, and
+the index and random streams stay right epoch after epoch.
 
 Adversarial timing: the instrumented context delays ``start()`` of worker i by
 (N-1-i) x 0.4 s, so under parallel start worker N-1 finishes first and worker 0
@@ -10,16 +11,22 @@ torch's ``DataLoader`` for the same dataset, and torch's worker seeds
 (``base_seed + worker_id``, with ``base_seed`` the first draw from the
 loader's generator, as torch defines it; see
 :func:`pytest_workerstart._torch_internals.torch_worker_seeds`).
+
+``order.epoch_shuffle`` and ``order.rng_streams`` judge one observation of several
+configurations over three epochs (:mod:`pytest_workerstart.probes.epochs`), made once per
+context for both; their truth is torch's ``DataLoader`` run in a fresh process.
 """
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from pytest_workerstart import _torch_internals
+from pytest_workerstart import _torch_internals, scenarios
 from pytest_workerstart.checkenv import batches_of
 from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+from pytest_workerstart.probes import epochs
 from pytest_workerstart.probes.faults import FaultPlan
+from pytest_workerstart.probes.runner import run_scenario
 
 check = pytest.mark.workerstart_check
 N = 3
@@ -79,3 +86,65 @@ def test_worker_seeds(check_env):
         assert other == serial, (
             f"seeds differ between contexts: {other_ctx} {other} vs {check_env.context_name} {serial}")
     seen[check_env.context_name] = serial
+
+
+STREAMS = pytest.StashKey[dict]()
+TRUTHS = pytest.StashKey[dict]()
+#: torch's own streams are computed once per session, in a process forked from the zygote
+TRUTH_TIMEOUT_S = 120.0
+
+
+def _observe(check_env, run: epochs.Run) -> epochs.Stream:
+    ds = epochs.dataset(run.kind)
+    if not run.num_workers:
+        return epochs.iterate(check_env.loader.make(ds, num_workers=0, **epochs.loader_kwargs(run)))
+    loader = check_env.make(ds, num_workers=run.num_workers, parallelism=run.parallelism,
+                            **epochs.loader_kwargs(run))
+    return epochs.iterate(loader)
+
+
+def _streams(check_env) -> dict[epochs.Run, epochs.Stream]:
+    """Every run of :func:`epochs.plan` in this context, observed once for both ids that judge them."""
+    cache = check_env.request.config.stash.setdefault(STREAMS, {})
+    key = (check_env.loader.spec, check_env.context_name)
+    if key not in cache:
+        runs = epochs.plan(parallel=check_env.parallel_start_here, iterable=check_env.loader.has("iterable_dataset"),
+                           persistent=check_env.loader.has("persistent_workers"))
+        cache[key] = {run: _observe(check_env, run) for run in runs}
+    return cache[key]
+
+
+def _truths(check_env, runs) -> dict[tuple, epochs.Stream] | None:
+    """torch's streams for ``runs`` (None: the loader does not declare torch_parity)."""
+    if not check_env.loader.has("torch_parity"):
+        return None
+    cache = check_env.request.config.stash.setdefault(TRUTHS, {})
+    missing = sorted({r.truth_key for r in runs} - set(cache))
+    if missing:
+        res = run_scenario("pytest_workerstart.probes.epochs:torch_streams", {"keys": missing},
+                                     timeout=TRUTH_TIMEOUT_S, env=scenarios.child_env(), warm=True)
+        if res.status != "ok":
+            pytest.fail(f"torch's own streams (the truth, not the loader under test) could not be computed: "
+                        f"{res.details()}", pytrace=False)
+        cache.update(epochs.decode(res.value))
+    return cache
+
+
+def _judge(problems: list[str], what: str) -> None:
+    if problems:
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        pytest.fail(f"{what}: {problems[0]}{more}\n" + "\n".join(problems[1:8]), pytrace=False)
+
+
+@check("order.epoch_shuffle")
+def test_epoch_shuffle(check_env):
+    streams = _streams(check_env)
+    _judge(epochs.order_problems(streams, _truths(check_env, streams)),
+           f"index streams over {epochs.EPOCHS} epochs")
+
+
+@check("order.rng_streams")
+def test_rng_streams(check_env):
+    streams = _streams(check_env)
+    _judge(epochs.rng_problems(streams, _truths(check_env, streams)),
+           f"what workers' user code drew from torch, random and NumPy over {epochs.EPOCHS} epochs")

@@ -80,6 +80,10 @@ CHECKS: dict[str, Check] = {c.id: c for c in (
     Check("order.registration", "batch k comes from worker k mod N whatever order starts finish in",
           requires=("in_order",)),
     Check("order.worker_seeds", "per-worker seeds do not depend on parallelism or context"),
+    Check("order.epoch_shuffle", "epochs 1-3 each serve every index once, a shuffled loader's epochs differ and "
+                                 "follow the generator, independent of p; torch's index streams where torch_parity"),
+    Check("order.rng_streams", "torch, random and NumPy as a worker's user code draws from them: different per "
+                               "worker, epoch and generator seed, independent of p; torch's draws where torch_parity"),
     Check("digest.first_batch", "the first batch is the same for every parallelism and context, with the "
                                 "dataset's content"),
     Check("digest.torch_parity", "the first batches equal torch's DataLoader's for the same arguments",
