@@ -74,6 +74,9 @@ def scenario_preflight(loader: dict, context: str, num_workers: int, parallelism
     Also measures this interpreter's import of torch and the loader: what a
     spawn worker pays to boot, the unit of every in-process deadline.
     """
+    import faulthandler
+
+    faulthandler.enable(sys.stderr)  # a crash of the driver then says where (failure_site)
     t0 = time.monotonic()
     under_test = rebuild(loader, context)
     boot = time.monotonic() - t0
@@ -107,6 +110,24 @@ def preflight_problem(res: ScenarioResult, timeout: float, kwarg: str | None = N
     code = res.returncode
     how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
     return f"the process driving it {how} while building it or fetching one batch (a crash of the driver)"
+
+
+def failure_site(res: ScenarioResult) -> str | None:
+    """Where the loader failed, in one line: the frame that raised its exception, or a crash's
+    or hang's fatal error and innermost frame (None: nothing to show)."""
+    import re
+
+    frame = re.compile(r'File "([^"]+)", line (\d+),? in (\S+)')
+    if res.status == "error":
+        frames = frame.findall(res.traceback or "")
+        return f"raised at {frames[-1][0]}:{frames[-1][1]} in {frames[-1][2]}" if frames else None
+    text = res.stacks or res.stderr or ""
+    fatal = re.search(r"Fatal Python error: (.+)", text)
+    frames = frame.findall(text.split("most recent call first", 1)[-1])
+    parts = [fatal.group(1).strip()] if fatal else []
+    if frames:
+        parts.append(f"innermost frame {frames[0][0]}:{frames[0][1]} in {frames[0][2]}")
+    return "; ".join(parts) or None
 
 
 # --- child faults during start ----------------------------------------------

@@ -62,6 +62,8 @@ class WorkerstartSession:
         self._started = time.monotonic()
         self.boot_cost: float | None = None  # seconds; measured by the preflight (or lazily)
         self._streak: list[tuple[str, str]] = []  # (nodeid, failure signature) of the current run of failures
+        #: the lines said when the preflight rejected the loader (then nothing else is)
+        self.preflight_failure: list[str] = []
         # Under xdist only the controller writes the verdict.
         self._json = None if hasattr(config, "workerinput") else settings.json_path
 
@@ -318,8 +320,14 @@ class WorkerstartSession:
         line = (f"workerstart: preflight: loader {loader.spec} ({loader.qualname}, {ctx}, num_workers=2): "
                 f"{problem}; no check ran. How to adapt a loader: {ADAPTER_DOCS}")
         self.verdict.not_run_reason = line.removeprefix("workerstart: ")
+        site = scenarios.failure_site(res)
+        self.preflight_failure = [line.split("; no check ran")[0]]
+        if site is not None:
+            self.preflight_failure.append(f"workerstart: where: {site}")
+        self.preflight_failure.append(f"workerstart: fix: the loader must build from the suite's dataset and "
+                                      f"deliver a batch: {ADAPTER_DOCS} says how to adapt one")
         self._write(final=False)
-        pytest.exit(line, returncode=pytest.ExitCode.USAGE_ERROR)
+        pytest.exit("workerstart: preflight failed, no check ran", returncode=pytest.ExitCode.USAGE_ERROR)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
@@ -388,6 +396,11 @@ class WorkerstartSession:
         if config.option.collectonly:
             return
         records = list(self.verdict.records.values())
+        if self.preflight_failure:  # nothing ran: what failed, the loader's error and the fix, not a table
+            tr.write_sep("=", f"workerstart: preflight failed, none of {len(records)} selected checks ran", red=True)
+            for line in self.preflight_failure:
+                tr.write_line(line, red=True)
+            return
         if not records:
             tr.write_sep("=", "workerstart: no conformance check ran", red=True)
             return
