@@ -27,6 +27,7 @@ from pytest_workerstart.fixtures.datasets import WorkerTagDataset
 from pytest_workerstart.probes import epochs
 from pytest_workerstart.probes.faults import FaultPlan
 from pytest_workerstart.probes.runner import run_scenario
+from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check
 N = 3
@@ -130,7 +131,11 @@ def _truths(check_env, runs) -> dict[tuple, epochs.Stream] | None:
     return cache
 
 
-def _judge(problems: list[str], what: str) -> None:
+def _judge(check_env, problems: list[str], what: str) -> None:
+    """Fail with the first problem on the summary line; the JSON keeps them all. Problems that
+    hold without torch's truth come first: they are defects whatever the loader declares."""
+    problems = sorted(problems, key=lambda p: "torch's" in p)
+    record_measurements(check_env.request.node, problems=problems)
     if problems:
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
         pytest.fail(f"{what}: {problems[0]}{more}\n" + "\n".join(problems[1:8]), pytrace=False)
@@ -139,12 +144,12 @@ def _judge(problems: list[str], what: str) -> None:
 @check("order.epoch_shuffle")
 def test_epoch_shuffle(check_env):
     streams = _streams(check_env)
-    _judge(epochs.order_problems(streams, _truths(check_env, streams)),
+    _judge(check_env, epochs.order_problems(streams, _truths(check_env, streams)),
            f"index streams over {epochs.EPOCHS} epochs")
 
 
 @check("order.rng_streams")
 def test_rng_streams(check_env):
     streams = _streams(check_env)
-    _judge(epochs.rng_problems(streams, _truths(check_env, streams)),
+    _judge(check_env, epochs.rng_problems(streams, _truths(check_env, streams)),
            f"what workers' user code drew from torch, random and NumPy over {epochs.EPOCHS} epochs")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import time
 import warnings
 from pathlib import Path
@@ -382,8 +383,20 @@ class WorkerstartSession:
                 return
             check_id, context = known.id, known.context
         rec = self.verdict.apply(report, check_id, context)
+        if rec.outcome in ("failed", "error") and rec.reproduce is None:
+            rec.reproduce = self.reproduce(rec.nodeid, context)
         if rec.state == "finished":
             self._write(final=False)
+
+    def reproduce(self, nodeid: str, context: str | None) -> str:
+        """The command that reruns exactly this case: this run's settings as options, the case's
+        context, and the case itself (its node id where a project's module embeds the checks)."""
+        args = ["pytest"] if self.embedded else ["pytest", "--workerstart"]
+        args += [a for a in self.settings.as_args() if not (self.embedded and a.startswith("--workerstart-loader="))]
+        if context is not None:
+            args.append(f"--workerstart-context={context}")
+        args += [nodeid] if self.embedded else ["-k", nodeid.rpartition("::")[2]]
+        return shlex.join(args)
 
     def _write(self, *, final: bool, exitstatus: int | None = None) -> None:
         if self._json is not None:
@@ -425,6 +438,8 @@ class WorkerstartSession:
                     base = (f" [{self.baseline.loader.get('spec', 'baseline')}: {r.baseline_outcome}]"
                             if r.baseline_outcome else " [not in the baseline]")
                 tr.write_line(f"{r.outcome.upper()} {case_key(r.nodeid, r.id)}{base}: {r.reason}"[:1000], red=True)
+                if r.reproduce:
+                    tr.write_line(f"  reproduce: {r.reproduce}")
             if config.option.tbstyle == "no":
                 tr.write_line("(tracebacks: -v or --tb=short)")
         counts = self.verdict.summary()

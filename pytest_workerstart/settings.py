@@ -179,6 +179,9 @@ class Option:
     ini_key: str | None = None  # when the ini key is not ``workerstart_<field>``
     #: False for options that only say where output goes (they cannot change a verdict).
     in_verdict: bool = True
+    #: False for options that cannot change one case's outcome when it is rerun alone
+    #: (where output goes, baselines, expected failures, how many cases run at once)
+    in_reproduce: bool = True
 
     @property
     def flag(self) -> str:
@@ -206,7 +209,7 @@ OPTIONS: tuple[Option, ...] = (
            ini_key="workerstart_capabilities",
            help="declare or override a capability, e.g. parallel_start=spawn,forkserver (repeatable)"),
     Option("context", _contexts, None, metavar="LIST",
-           help="comma-separated contexts to check (default: every context the platform offers)"),
+           help="comma-separated contexts to check (default: every context the platform offers)", in_reproduce=False),
     Option("profile", _profile, "full", metavar="quick|full",
            help="quick: one fault position, one p, forkserver where the clause is not about spawn"),
     Option("strict", _bool, False, kind="flag",
@@ -227,19 +230,22 @@ OPTIONS: tuple[Option, ...] = (
                 "shared by the scenarios that run at once)"),
     Option("scenario_jobs", _jobs, None, metavar="N|auto",
            help="fresh-interpreter scenarios of consecutive correctness checks that may run at once (1: one at a "
-                "time; auto: 2 where at least 2 cores are usable, 1 under xdist); speed trials always run alone"),
+                "time; auto: 2 where at least 2 cores are usable, 1 under xdist); speed trials always run alone",
+           in_reproduce=False),
     Option("circuit_breaker", _count, 3, metavar="N",
            help="after N checks in a row fail the same way (a hang, the same error at the same step), "
-                "report the rest as not run (0: never)"),
+                "report the rest as not run (0: never)", in_reproduce=False),
     Option("preflight", _bool, True, metavar="BOOL",
-           help="first build the loader and fetch one batch in a fresh interpreter; stop with one line if that fails"),
+           help="first build the loader and fetch one batch in a fresh interpreter; stop saying why if that fails"),
     Option("xfail", _xfail_file, (), metavar="FILE",
-           help="file of expected failures: one 'check.id[context-case]: reason' per line (context, case optional)"),
+           help="file of expected failures: one 'check.id[context-case]: reason' per line (context, case optional)",
+           in_reproduce=False),
     Option("baseline", _baseline, None, metavar="VERDICT",
            help="show beside each case what a baseline got: 'torch' (the torch verdict shipped with the package) "
-                "or a verdict file; the summary separates failures the baseline shares from new ones"),
+                "or a verdict file; the summary separates failures the baseline shares from new ones",
+           in_reproduce=False),
     Option("json", _json_path, None, metavar="PATH", in_verdict=False,
-           help="write a machine-readable verdict to PATH (rewritten as each check finishes)"),
+           help="write a machine-readable verdict to PATH (rewritten as each check finishes)", in_reproduce=False),
 )
 BY_FIELD = {o.field: o for o in OPTIONS}
 
@@ -290,6 +296,25 @@ class Settings:
             out[opt.field] = value
         out["sources"] = dict(self.sources)
         return out
+
+
+    def as_args(self) -> list[str]:
+        """The command-line options that give a rerun of one case these settings, whatever
+        their source (command line, environment, ini): each differing from its default."""
+        args = []
+        for opt in OPTIONS:
+            value = getattr(self, opt.field)
+            if not opt.in_reproduce or (value == opt.default and opt.field != "loader"):
+                continue
+            if opt.kind == "flag":
+                args.append(opt.flag)
+            elif opt.kind == "list":
+                args += [f"{opt.flag}={v}" for v in value]
+            else:
+                shown = str(value).lower() if isinstance(value, bool) else f"{value:g}" \
+                    if isinstance(value, float) else str(value)
+                args.append(f"{opt.flag}={shown}")
+        return args
 
 
 SETTINGS = pytest.StashKey[Settings]()

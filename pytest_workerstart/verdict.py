@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 #: Version of the verdict format (``verdict.schema.json``); bumped on any change.
-VERSION = "0.4"
+VERSION = "0.5"
 SCHEMA_PATH = Path(__file__).with_name("verdict.schema.json")
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "error")
 STATES = ("finished", "running", "not_run")
@@ -70,6 +70,9 @@ class CheckRecord:
     #: what the check measured, from ``request.node.user_properties`` entries
     #: ``("workerstart_measurements", {name: value})`` (see :func:`record_measurements`)
     measurements: dict[str, Any] | None = None
+    #: a shell command that reruns exactly this case with the same loader, context and
+    #: settings (failed and error cases; set by the session)
+    reproduce: str | None = None
 
     def apply(self, report: pytest.TestReport) -> None:
         """Fold one phase report (setup, call, teardown) into the record."""

@@ -10,6 +10,8 @@ is rerun alone. A batch's tests are one class, so ``--dist loadscope`` keeps the
 on one xdist worker and the batch runs once.
 """
 
+import shlex
+
 import pytest
 
 from pytest_workerstart import registry
@@ -95,6 +97,11 @@ class BrokenLoaders:
         for target in catch.targets:
             assert "failed" in got.outcomes(target), (
                 f"{name}: {target} did not fail: {got.outcomes(target)}\n{got.describe()}")
+        for case in got.checks:  # each failure names the command that reruns it (tests/test_reproduce.py runs some)
+            if case["outcome"] in ("failed", "error"):
+                cmd = shlex.split(case["reproduce"] or "")
+                assert cmd[-1:] == [case["nodeid"]] and "--workerstart-profile=quick" in cmd \
+                    and f"--workerstart-context={case['context']}" in cmd, (case["nodeid"], case["reproduce"])
         collateral = got.failed_ids() - set(catch.targets) - set(catch.related)
         assert not collateral, f"{name}: unrelated checks failed too: {sorted(collateral)}\n{got.describe()}"
 
