@@ -139,7 +139,7 @@ def test_a_crashed_pytest_leaves_the_last_consistent_verdict(pytester):
 
 def test_verdict_of_a_plain_run_validates(run_suite):
     v = run_suite(*FAST, "-k", "start.default_serial", "--workerstart-loader=torch")
-    assert isinstance(v, Verdict) and v.data["version"] == "0.4" and v.data["plugin_version"]
+    assert isinstance(v, Verdict) and v.data["version"] == "0.5" and v.data["plugin_version"]
 
 
 def test_every_option_is_documented():
