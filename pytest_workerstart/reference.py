@@ -41,11 +41,14 @@ dies (see :mod:`pytest_workerstart.driverwatch`), in every context.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import queue
+import sys
 import threading
 import time
 import traceback
+import warnings
 from typing import TypeVar
 
 import torch
@@ -334,8 +337,47 @@ class ParallelStartDataLoader(DataLoader[T_co]):
     def _get_iterator(self):
         if self.num_workers == 0:
             return _SingleIter(self)
-        self.check_worker_number_rationality()
+        _as_torchs_warning(self.check_worker_number_rationality)
         return self._iterator_class(self)
+
+
+def _bare_copy(exc: BaseException | None) -> BaseException | None:
+    """``exc`` without its traceback (whose frames would keep the dead iterator's workers
+    and queues referenced for as long as the error is), or None."""
+    if exc is None:
+        return None
+    try:
+        return type(exc)(*exc.args)
+    except Exception:  # noqa: BLE001 - an exception type with its own constructor
+        return RuntimeError(str(exc))
+
+
+def _as_torchs_warning(check) -> None:
+    """Run one of torch's checks so that what it warns is attributed to torch's DataLoader
+    module, as when torch's own ``_get_iterator`` calls it: a user's filter by module
+    (``ignore::UserWarning:torch.utils.data.dataloader``) and torch's once-per-location
+    registry then treat it alike."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check()
+    module = sys.modules[DataLoader.__module__]
+    filename, lineno = _torch_call_site(check.__name__)
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, filename, lineno, module=module.__name__,
+                               registry=module.__dict__.setdefault("__warningregistry__", {}))
+
+
+@functools.cache
+def _torch_call_site(name: str) -> tuple[str, int]:
+    """Where torch's ``DataLoader._get_iterator`` calls ``name`` (its first line if the source is not there)."""
+    import inspect
+
+    code = DataLoader._get_iterator.__code__
+    try:
+        lines, first = inspect.getsourcelines(DataLoader._get_iterator)
+    except (OSError, TypeError):
+        return code.co_filename, code.co_firstlineno
+    return code.co_filename, next((first + k for k, line in enumerate(lines) if name in line), first)
 
 
 class _Progress:
@@ -756,13 +798,16 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
                     self._fail()
                 raise
             message = self._describe_failure(str(exc))
+            cause = _bare_copy(exc.__cause__)
         except BaseException as exc:
             if not isinstance(exc, (Exception, GeneratorExit)):
                 if self._pending is not None:  # Ctrl-C while starts run: stop them all now
                     self._fail()
             raise
         self._fail()  # outside the except block: the RuntimeError is not kept as __context__
-        raise WorkerFailedError(message)
+        if cause is None:
+            raise WorkerFailedError(message)
+        raise WorkerFailedError(message) from cause  # torch chains what it saw first, so do we
 
     def _describe_failure(self, text: str) -> str:
         """``text`` (torch's wording where torch has one), then which worker did what."""

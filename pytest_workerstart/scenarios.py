@@ -133,6 +133,11 @@ def failure_site(res: ScenarioResult) -> str | None:
 # --- child faults during start ----------------------------------------------
 
 
+#: a hanging worker's timeout: fresh-interpreter boots allowed per worker (see scenario_child_fault)
+BOOTS_PER_WORKER_SPAWN = 1.5
+BOOTS_PER_WORKER_FORKED = 0.5
+
+
 def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, num_workers: int,
                          parallelism: int | None, loader_timeout: float) -> dict[str, Any]:
     from pytest_workerstart.fixtures.datasets import WorkerTagDataset
@@ -141,13 +146,15 @@ def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, nu
     from pytest_workerstart.probes.leaks import LeakSnapshot
 
     under_test = rebuild(loader, context)
-    if loader_timeout and context == "spawn":
+    if loader_timeout:
         # The loader's timeout also covers worker 0's boot (the first batch waits for it), which
-        # under spawn competes with every other worker's: at least 1.5 x N fresh imports, timed
-        # now, under whatever load there is (forkserver and fork workers boot by forking).
+        # competes with every other worker's. Under spawn each boot is a fresh import: at least
+        # 1.5 x N of them, timed now, under whatever load there is. A forked worker (forkserver,
+        # fork) boots in a fraction of one, but slows down with the same load: 0.5 x N.
         from pytest_workerstart.probes.deadline import measure_boot_cost
 
-        loader_timeout = max(loader_timeout, round(1.5 * num_workers * measure_boot_cost(), 1))
+        per_worker = BOOTS_PER_WORKER_SPAWN if context == "spawn" else BOOTS_PER_WORKER_FORKED
+        loader_timeout = max(loader_timeout, round(per_worker * num_workers * measure_boot_cost(), 1))
     before = LeakSnapshot.take()
     plan = getattr(FaultPlan, fault)(worker)
     ctx = InstrumentedContext(context, num_workers=num_workers, faults=plan)
