@@ -31,3 +31,12 @@ def test_mkdocs_build_strict(tmp_path):
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.suite  # the example judges torch in two checks
+@pytest.mark.parametrize("index", range(len(_python_blocks("ci.md"))))
+def test_check_loader_example_runs(index, tmp_path):
+    proc = subprocess.run([sys.executable, "-c", _python_blocks("ci.md")[index]], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "<LoaderVerdict torch: passed (2 passed)>" in proc.stdout

@@ -1,0 +1,63 @@
+"""``check_loader``: the same session as ``pytest --workerstart``, as a function."""
+
+import json
+
+import pytest
+
+import pytest_workerstart
+from pytest_workerstart import api
+
+BROKEN = "pytest_workerstart.fixtures.broken.on_torch"
+
+
+def test_loader_spec_takes_specs_and_importable_objects_only():
+    from pytest_workerstart.fixtures.broken.on_torch import ReplaysFirstEpoch
+
+    assert api.loader_spec("torch") == "torch"
+    assert api.loader_spec(ReplaysFirstEpoch) == f"{BROKEN}:ReplaysFirstEpoch"
+
+    class Local:
+        pass
+
+    with pytest.raises(ValueError, match="must be importable"):
+        api.loader_spec(Local)
+    with pytest.raises(TypeError, match="SPEC string or a loader class"):
+        api.loader_spec(42)
+
+
+def test_bad_arguments_say_what_is_accepted():
+    with pytest.raises(ValueError, match="unknown check ids \\['order.nope'\\]"):
+        api.check_loader("torch", checks=["order.nope"])
+    with pytest.raises(TypeError, match="unexpected setting 'stirct'.*strict"):
+        api.check_loader("torch", stirct=True)
+    assert api._option_args({"strict": True, "exit_timeout": 7, "capability": ["timeout=false"],
+                             "preflight": False, "step_timeout": None}) == [
+        "--workerstart-strict", "--workerstart-exit-timeout=7", "--workerstart-capability=timeout=false",
+        "--workerstart-preflight=false"]
+
+
+@pytest.mark.suite
+@pytest.mark.timeout(600)
+def test_same_outcomes_as_the_command_line(run_suite, tmp_path):
+    ids = ["order.epoch_shuffle", "order.registration"]
+    expected = {"order.epoch_shuffle[fork]": "it replays epoch 1"}
+    verdict = pytest_workerstart.check_loader(f"{BROKEN}:ReplaysFirstEpoch", contexts=["fork"], checks=ids,
+                                              expected_failures=expected, exit_timeout=6,
+                                              json_path=tmp_path / "api.json")
+    assert verdict.complete and verdict.returncode == 0, verdict.output[-3000:]
+    assert {(c.key, c.outcome) for c in verdict.cases} == {("order.epoch_shuffle[fork]", "xfailed"),
+                                                           ("order.registration[fork]", "passed")}
+    assert verdict.to_json() == json.loads((tmp_path / "api.json").read_text())
+    assert verdict.to_json()["settings"]["exit_timeout"] == 6.0
+    (tmp_path / "xfail.txt").write_text("order.epoch_shuffle[fork]: it replays epoch 1\n")
+    cli = run_suite(f"--workerstart-loader={BROKEN}:ReplaysFirstEpoch", "--workerstart-context=fork",
+                    "--workerstart-profile=quick", "-k", " or ".join(ids),
+                    f"--workerstart-xfail={tmp_path / 'xfail.txt'}", "--workerstart-exit-timeout=6")
+    assert sorted((c["id"], c["context"], c["outcome"]) for c in cli.data["checks"]) == sorted(
+        (c.id, c.context, c.outcome) for c in verdict.cases)
+    failing = pytest_workerstart.check_loader(f"{BROKEN}:ReplaysFirstEpoch", contexts=["fork"],
+                                              checks=["order.epoch_shuffle"])
+    assert failing.returncode == 1 and failing.failed_ids() == {"order.epoch_shuffle"}
+    (case,) = failing.failed
+    assert "repeat the same permutation" in case.reason and case.measurements["problems"] and case.reproduce
+    assert repr(failing).startswith(f"<LoaderVerdict {BROKEN}:ReplaysFirstEpoch: failed")
