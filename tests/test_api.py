@@ -55,9 +55,21 @@ def test_same_outcomes_as_the_command_line(run_suite, tmp_path):
                     f"--workerstart-xfail={tmp_path / 'xfail.txt'}", "--workerstart-exit-timeout=6")
     assert sorted((c["id"], c["context"], c["outcome"]) for c in cli.data["checks"]) == sorted(
         (c.id, c.context, c.outcome) for c in verdict.cases)
-    failing = pytest_workerstart.check_loader(f"{BROKEN}:ReplaysFirstEpoch", contexts=["fork"],
-                                              checks=["order.epoch_shuffle"])
-    assert failing.returncode == 1 and failing.failed_ids() == {"order.epoch_shuffle"}
-    (case,) = failing.failed
-    assert "repeat the same permutation" in case.reason and case.measurements["problems"] and case.reproduce
-    assert repr(failing).startswith(f"<LoaderVerdict {BROKEN}:ReplaysFirstEpoch: failed")
+
+
+def test_verdict_accessors_read_the_file():
+    case = {"nodeid": "conformance/test_order.py::test_epoch_shuffle[order.epoch_shuffle-fork]",
+            "id": "order.epoch_shuffle", "context": "fork", "state": "finished", "outcome": "failed",
+            "reason": "Failed: epochs 1 and 2 repeat", "duration_s": 1.0, "baseline_outcome": None,
+            "measurements": {"problems": ["epochs 1 and 2 repeat"]}, "reproduce": "pytest --workerstart -k x"}
+    passed = {**case, "nodeid": "conformance/test_start.py::test_default_serial[start.default_serial-fork]",
+              "id": "start.default_serial", "outcome": "passed", "reason": "", "reproduce": None}
+    data = {"outcome": "failed", "complete": True, "loader": {"spec": "mypkg:Loader"}, "checks": [case, passed],
+            "summary": {"passed": 1, "failed": 1, "skipped": 0, "xfailed": 0, "error": 0, "not_run": 0}}
+    verdict = api.LoaderVerdict(data, "output", 1)
+    (failed,) = verdict.failed
+    assert failed.key == "order.epoch_shuffle[fork]" and failed.measurements["problems"] and failed.reproduce
+    assert verdict.failed_ids() == {"order.epoch_shuffle"}
+    assert [c.id for c in verdict.passed] == ["start.default_serial"]
+    assert repr(verdict) == "<LoaderVerdict mypkg:Loader: failed (1 passed, 1 failed)>"
+    assert verdict.to_json() == data and verdict.to_json() is not data
