@@ -18,6 +18,8 @@ docs cannot go unchecked):
 * ``torchrun ... -m pytest_workerstart.distributed``: the ``--standalone`` form
   runs in ``tests/test_distributed.py``; here every form's arguments parse.
 * ``pip install -c constraints.txt ...``: the constraints file and extras exist.
+* ``python docs/results/repro/X.py [SPEC]``: the script exists and SPEC resolves; each
+  script runs on torch and on the reference in ``tests/test_repro_scripts.py``.
 """
 
 import configparser
@@ -86,6 +88,12 @@ def test_command_is_exercised(page, command, tmp_path):
         _torchrun(argv[1:])
     elif argv[:2] == ["pip", "install"]:
         assert (ROOT / argv[argv.index("-c") + 1]).exists()
+    elif head == "python" and argv[1].startswith("docs/results/repro/"):
+        # run on torch and on the reference by tests/test_repro_scripts.py; here: it exists, the SPEC resolves
+        assert (ROOT / argv[1]).is_file(), argv[1]
+        if len(argv) > 2:
+            module, _, name = argv[2].partition(":")
+            assert hasattr(__import__(module, fromlist=[name]), name), argv[2]
     else:
         pytest.fail(f"{page}: no handler exercises {command!r}; add one to {__file__}")
 
