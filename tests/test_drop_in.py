@@ -171,12 +171,18 @@ def test_the_worker_number_warning_is_torchs(loader):
     assert _warnings(loader) == _warnings("torch") != []
 
 
-@pytest.mark.parametrize("fault", ["raise", "exit", "sleep"])
-@pytest.mark.parametrize("loader", ["reference-p1", "reference-p2"])
-def test_worker_errors_read_like_torchs(fault, loader):
+#: (fault, context, loader): every fault under fork; under spawn and forkserver (slow: each boot
+#: imports torch, or starts a server) a worker's exit, where the driver sees a death it did not fork
+FAULTS = [(fault, "fork", loader) for fault in ("raise", "exit", "sleep") for loader in ("reference-p1", "reference-p2")]
+FAULTS += [pytest.param("exit", ctx, "reference-p2", marks=pytest.mark.slow) for ctx in ("spawn", "forkserver")]
+
+
+@pytest.mark.parametrize("fault, context, loader", FAULTS)
+def test_worker_errors_read_like_torchs(fault, context, loader):
     """A worker that raises, exits or does not answer within ``timeout=``: the same builtin type,
     torch's words first (the reference may add which worker after them), the same chaining."""
     kw = {"timeout": 1} if fault == "sleep" else {}
+    kw["multiprocessing_context"] = context
     torch_error, ours = _raised("torch", Items(fault=fault), **kw), _raised(loader, Items(fault=fault), **kw)
     assert ours["is"] == torch_error["is"], (ours, torch_error)
     if fault == "exit":
