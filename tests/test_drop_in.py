@@ -173,7 +173,8 @@ def test_the_worker_number_warning_is_torchs(loader):
 
 #: (fault, context, loader): every fault under fork; under spawn and forkserver (slow: each boot
 #: imports torch, or starts a server) a worker's exit, where the driver sees a death it did not fork
-FAULTS = [(fault, "fork", loader) for fault in ("raise", "exit", "sleep") for loader in ("reference-p1", "reference-p2")]
+FAULTS = [(fault, "fork", loader) for fault in ("raise", "exit", "sleep")
+          for loader in ("reference-p1", "reference-p2")]
 FAULTS += [pytest.param("exit", ctx, "reference-p2", marks=pytest.mark.slow) for ctx in ("spawn", "forkserver")]
 
 
