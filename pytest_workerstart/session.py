@@ -65,8 +65,9 @@ class WorkerstartSession:
         self._streak: list[tuple[str, str]] = []  # (nodeid, failure signature) of the current run of failures
         #: the lines said when the preflight rejected the loader (then nothing else is)
         self.preflight_failure: list[str] = []
-        # Under xdist only the controller writes the verdict.
-        self._json = None if hasattr(config, "workerinput") else settings.json_path
+        # Under xdist only the controller writes the verdict (and reproducers).
+        self._json_writer = not hasattr(config, "workerinput")
+        self._json = settings.json_path if self._json_writer else None
 
     # --- configuration -----------------------------------------------------
     @classmethod
@@ -470,6 +471,11 @@ class WorkerstartSession:
             tr.write_line(f"workerstart: no parallelism keyword found for {self.loader.spec}: parallel start was never "
                           f"exercised; name it with --workerstart-parallelism-kwarg=NAME "
                           f"(or --workerstart-parallelism-kwarg=none to silence this)", yellow=True)
+        made = self.verdict.reproducers
+        if made is not None and (made["written"] or made["none_for"]):
+            tr.write_line(f"workerstart: standalone reproducers in {made['directory']}: "
+                          + (", ".join(Path(p).name for p in made["written"].values()) or "none")
+                          + (f"; none exists for {', '.join(made['none_for'])}" if made["none_for"] else ""))
         self._baseline_summary(tr, records, failures)
         if counts["passed"] == 0:
             tr.write_line("workerstart: WARNING: no check passed; this verdict covers nothing", red=True)
@@ -499,7 +505,18 @@ class WorkerstartSession:
         self.lookahead.close()
         zygote.shutdown()
         reaper.reap_session()
+        if self.settings.repro is not None and self._json_writer:
+            self._write_reproducers(self.settings.repro)
         self._write(final=True, exitstatus=int(exitstatus))
+
+    def _write_reproducers(self, directory: Path) -> None:
+        from pytest_workerstart import repro
+
+        failed = [r.id for r in self.verdict.records.values()
+                  if r.state == "finished" and r.outcome in ("failed", "error")]
+        factory = self.loader.factory
+        written, missing = repro.write(directory, failed, f"{factory.__module__}:{factory.__qualname__}")
+        self.verdict.reproducers = {"directory": str(directory), "written": written, "none_for": missing}
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         from pytest_workerstart.probes import reaper

@@ -130,6 +130,15 @@ def _json_path(value: str, where: str) -> Path:
     return p
 
 
+def _directory(value: str, where: str) -> Path:
+    p = Path(value).expanduser().resolve()
+    if p.exists() and not p.is_dir():
+        raise _usage(where, f"{str(p)!r} is not a directory")
+    if not p.exists() and not p.parent.is_dir():
+        raise _usage(where, f"directory {str(p.parent)!r} does not exist")
+    return p
+
+
 def _baseline(value: str, where: str) -> str:
     from pytest_workerstart import baseline
 
@@ -246,6 +255,9 @@ OPTIONS: tuple[Option, ...] = (
            in_reproduce=False),
     Option("json", _json_path, None, metavar="PATH", in_verdict=False,
            help="write a machine-readable verdict to PATH (rewritten as each check finishes)", in_reproduce=False),
+    Option("repro", _directory, None, metavar="DIR", in_verdict=False, in_reproduce=False,
+           help="write into DIR, for each failed check that has one, a standalone reproducer script "
+                "(torch and the standard library only; exit 1 on the loader judged, 0 on one that meets the clause)"),
 )
 BY_FIELD = {o.field: o for o in OPTIONS}
 
@@ -271,6 +283,7 @@ class Settings:
     xfail: tuple[tuple[str, str | None, str], ...]
     baseline: str | None
     json: Path | None
+    repro: Path | None
     #: option field -> where its value came from ("--workerstart-x", "$WORKERSTART_X", "ini", "default")
     sources: tuple[tuple[str, str], ...] = ()
 

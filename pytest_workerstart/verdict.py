@@ -160,6 +160,8 @@ class Verdict:
         self.not_run_reason = ""
         #: context -> clause -> "parallel" | "serial" (set by the session before each write)
         self.coverage: dict[str, dict[str, str]] = {}
+        #: what ``--workerstart-repro`` wrote (None: not asked)
+        self.reproducers: dict[str, Any] | None = None
 
     def select(self, nodeid: str, check_id: str, context: str | None) -> CheckRecord:
         rec = self.records.get(nodeid)
@@ -231,6 +233,7 @@ class Verdict:
                 "source": self.baseline.source, "loader": self.baseline.loader, "torch": self.baseline.torch,
                 "profile": self.baseline.profile, **self.baseline.compare(self.records.values())},
             "summary": counts,
+            "reproducers": self.reproducers,
             "duration_s": round(duration_s, 3),
         }
 

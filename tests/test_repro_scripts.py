@@ -1,31 +1,34 @@
-"""The standalone reproducers in docs/results/repro/: torch and the standard library only,
-exit 1 on stock torch and 0 on the reference."""
+"""Standalone reproducers (pytest_workerstart/repro/, written for torch in docs/results/repro/):
+torch and the standard library only, exit 1 on stock torch and 0 on the reference, and
+``--workerstart-repro`` writes them for the ids that failed."""
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPRO = Path(__file__).resolve().parent.parent / "docs" / "results" / "repro"
-SCRIPTS = sorted(REPRO.glob("*.py"))
-LOADERS = {"torch.utils.data:DataLoader": 1, "pytest_workerstart.reference:ParallelStartDataLoader": 0}
+from pytest_workerstart import registry, repro
+
+COMMITTED = Path(__file__).resolve().parent.parent / "docs" / "results" / "repro"
+TORCH = "torch.utils.data.dataloader:DataLoader"
+IDS = sorted(repro.available())
+LOADERS = {TORCH: 1, "pytest_workerstart.reference:ParallelStartDataLoader": 0}
 
 
-def test_there_are_reproducers_and_each_names_a_check_id():
-    from pytest_workerstart import registry
-
-    assert SCRIPTS
-    for script in SCRIPTS:
-        check_id = script.stem.replace("_", ".", 1)
-        assert check_id in registry.CHECKS and f"``{check_id}``" in script.read_text(), script.name
+def test_each_reproducer_names_a_check_id_and_the_committed_ones_are_torchs():
+    assert IDS and all(i in registry.CHECKS and f"``{i}``" in repro.available()[i].read_text() for i in IDS)
+    assert sorted(p.name for p in COMMITTED.glob("*.py")) == sorted(repro.script_name(i) for i in IDS)
+    for check_id in IDS:
+        assert (COMMITTED / repro.script_name(check_id)).read_text() == repro.source(check_id, TORCH), check_id
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
-def test_needs_only_torch_and_the_standard_library(script):
+@pytest.mark.parametrize("check_id", IDS)
+def test_needs_only_torch_and_the_standard_library(check_id):
     modules = set()
-    for node in ast.walk(ast.parse(script.read_text())):
+    for node in ast.walk(ast.parse(repro.available()[check_id].read_text())):
         if isinstance(node, ast.Import):
             modules |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -35,9 +38,25 @@ def test_needs_only_torch_and_the_standard_library(script):
 
 @pytest.mark.suite  # each boots spawn workers
 @pytest.mark.parametrize("loader", sorted(LOADERS))
-@pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
-def test_fails_on_torch_and_passes_on_the_reference(script, loader, tmp_path):
+@pytest.mark.parametrize("check_id", IDS)
+def test_fails_on_torch_and_passes_on_the_reference(check_id, loader, tmp_path):
+    script = COMMITTED / repro.script_name(check_id)
     proc = subprocess.run([sys.executable, str(script), loader], cwd=tmp_path, capture_output=True, text=True,
                           timeout=180)
     assert proc.returncode == LOADERS[loader], proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1].startswith("ok:" if LOADERS[loader] == 0 else "expected:")
+
+
+@pytest.mark.timeout(600)
+def test_the_option_writes_one_for_each_failed_id_that_has_one(run_suite, tmp_path):
+    out = tmp_path / "repro"
+    verdict = run_suite("--workerstart-loader=torch", "--workerstart-context=fork", "--workerstart-profile=quick",
+                        "-k", "child_exit or child_killed", f"--workerstart-repro={out}")
+    made = verdict.data["reproducers"]
+    assert made == {"directory": str(out), "none_for": ["failure.child_killed_during_start"],
+                    "written": {"failure.child_exit_during_start": str(out / "failure_child_exit_during_start.py")}}
+    assert "none exists for failure.child_killed_during_start" in verdict.result.stdout.str()
+    proc = subprocess.run([sys.executable, made["written"]["failure.child_exit_during_start"]], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 1 and json.dumps(TORCH) in Path(made["written"][
+        "failure.child_exit_during_start"]).read_text(), proc.stdout[-2000:]

@@ -2,12 +2,14 @@
 
 Contract clause ``failure.child_exit_during_start`` (pytest-workerstart): a worker exiting
 during its boot (here: ``worker_init_fn`` of worker 1 calls ``os._exit(3)``) gives an error
-naming that worker, and no worker is left running. Needs only torch and the standard library.
+naming that worker, and no worker is left running while the caller holds the error (as
+``pytest.raises``, a logger or a debugger does). Needs only torch and the standard library.
 
-    python failure_child_exit_during_start.py                      # torch.utils.data:DataLoader
+    python failure_child_exit_during_start.py                      # the loader this script was written for
     python failure_child_exit_during_start.py mypkg.loaders:Loader
 
-Exits 1 (printing the error) if the error does not name worker 1, 0 otherwise.
+Exits 1 (printing what it saw) if the error does not name worker 1 or a worker outlives it,
+0 otherwise.
 """
 
 import importlib
@@ -18,6 +20,9 @@ import time
 
 import torch
 from torch.utils.data import Dataset
+
+#: the loader judged when no SPEC is given (module:attribute)
+LOADER = "torch.utils.data.dataloader:DataLoader"
 
 
 class Items(Dataset):
@@ -38,24 +43,32 @@ def main(spec: str) -> int:
     loader_class = getattr(importlib.import_module(module), name)
     loader = loader_class(Items(), batch_size=2, num_workers=3, multiprocessing_context="spawn",
                           worker_init_fn=exit_in_worker_1)
+    held = None
     try:
         for _ in loader:
             pass
     except Exception as exc:  # noqa: BLE001 - the error the caller gets is what is judged
-        message = f"{type(exc).__name__}: {exc}"
-    else:
+        held = exc  # the caller keeps the error, as pytest.raises or a logger would
+    if held is None:
         print("expected: an error naming worker 1; observed: the epoch ended normally")
         return 1
-    del loader
-    deadline = time.monotonic() + 20
-    while multiprocessing.active_children() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    message = f"{type(held).__name__}: {held}"
     if "worker 1" not in message:
         print(f"expected: an error naming worker 1; observed: {message.splitlines()[0][:300]}")
+        return 1
+    deadline = time.monotonic() + 20  # the loader's shutdown may take a moment
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = multiprocessing.active_children()
+    if alive:
+        print(f"expected: no worker left while the error is held; observed {len(alive)} still running 20 s "
+              f"later: {[p.pid for p in alive]}")
+        for p in alive:
+            p.kill()
         return 1
     print(f"ok: {message.splitlines()[0][:300]}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "torch.utils.data:DataLoader"))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else LOADER))

@@ -6,7 +6,7 @@ raises for one worker (here the second of three), the error reaches the caller a
 process is left running while the caller holds the error (as ``pytest.raises``, a logger or a
 debugger does). Needs only torch and the standard library.
 
-    python failure_parent_start_error.py                      # torch.utils.data:DataLoader
+    python failure_parent_start_error.py                      # the loader this script was written for
     python failure_parent_start_error.py mypkg.loaders:Loader  # any DataLoader-compatible class
 
 Exits 1 (printing what it saw) if a worker outlives the failed start, 0 otherwise.
@@ -20,6 +20,9 @@ import time
 
 import torch
 from torch.utils.data import Dataset
+
+#: the loader judged when no SPEC is given (module:attribute)
+LOADER = "torch.utils.data.dataloader:DataLoader"
 
 
 class Items(Dataset):
@@ -75,4 +78,4 @@ def main(spec: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "torch.utils.data:DataLoader"))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else LOADER))

@@ -5,7 +5,7 @@ whose workers receive the loader's arguments pickled, a lambda ``collate_fn`` ra
 ``iter()`` or the first ``next()`` an error whose message names the argument
 (``collate_fn``). Needs only torch and the standard library.
 
-    python start_unpicklable_argument.py                      # torch.utils.data:DataLoader
+    python start_unpicklable_argument.py                      # the loader this script was written for
     python start_unpicklable_argument.py mypkg.loaders:Loader
 
 Exits 1 (printing the error) if the message does not say ``collate_fn``, 0 otherwise.
@@ -17,6 +17,9 @@ import sys
 
 import torch
 from torch.utils.data import Dataset, default_collate
+
+#: the loader judged when no SPEC is given (module:attribute)
+LOADER = "torch.utils.data.dataloader:DataLoader"
 
 
 class Items(Dataset):
@@ -47,4 +50,4 @@ def main(spec: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "torch.utils.data:DataLoader"))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else LOADER))
