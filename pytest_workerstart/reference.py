@@ -44,6 +44,7 @@ from __future__ import annotations
 import functools
 import pickle
 import queue
+import re
 import sys
 import threading
 import time
@@ -60,6 +61,10 @@ from pytest_workerstart import driverwatch, private_forkserver
 from pytest_workerstart.probes.cores import usable_cores  # noqa: F401 - public here too (docs/reference.md)
 
 __all__ = ["ParallelStartDataLoader", "WorkerStartError", "WorkerFailedError", "preload_forkserver", "usable_cores"]
+
+
+#: how long a worker torch reported dead may take to be reaped, so its exit code (the signal) is known
+EXIT_CODE_PATIENCE_S = 2.0
 
 
 class WorkerStartError(RuntimeError):
@@ -693,7 +698,8 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
                 for i in dead:
                     self._mark_worker_as_unavailable(i)
                 pids = ", ".join(str(self._workers[i].pid) for i in dead)
-                raise RuntimeError(f"DataLoader worker (pid(s) {pids}) exited unexpectedly")
+                # torch's liveness check raises from the queue's Empty: the same chaining
+                raise RuntimeError(f"DataLoader worker (pid(s) {pids}) exited unexpectedly") from queue.Empty()
             if remaining <= 0:
                 return False, None
 
@@ -812,7 +818,11 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
     def _describe_failure(self, text: str) -> str:
         """``text`` (torch's wording where torch has one), then which worker did what."""
         names = []
+        listed = re.search(r"\(pid(?:\(s\))? ([\d, ]+)\)", text)
+        named = {int(p) for p in re.findall(r"\d+", listed.group(1))} if listed else set()
         for worker_id, w in enumerate(self._workers):
+            if w.pid in named and w.exitcode is None:
+                w.join(EXIT_CODE_PATIENCE_S)  # dead but not yet reaped (a core dump still being written)
             code = w.exitcode
             if code is not None and code < 0 and "is killed by signal" not in text:
                 text = _killed_by_signal(w.pid, -code)
