@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_workerstart import registry, settings
+from pytest_workerstart.verdict import case_key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +41,7 @@ class Case:
     @property
     def key(self) -> str:
         """``check.id[context-case]``, the form ``expected_failures`` and ``--workerstart-xfail`` take."""
-        params = self.nodeid.rpartition("[")[2].rstrip("]") if "[" in self.nodeid else ""
-        rest = params.removeprefix(f"{self.id}-") if params.startswith(f"{self.id}-") else ""
-        return f"{self.id}[{rest}]" if rest else self.id
+        return case_key(self.nodeid, self.id)
 
 
 class LoaderVerdict:
@@ -115,14 +114,8 @@ def _option_args(options: Mapping[str, Any]) -> list[str]:
         if opt is None or field in ("loader", "context", "profile", "xfail", "json"):
             known = sorted(set(settings.BY_FIELD) - {"loader", "context", "profile", "xfail", "json"})
             raise TypeError(f"check_loader() got an unexpected setting {field!r}; settings: {', '.join(known)}")
-        if value is None:
-            continue
-        if opt.kind == "flag":
-            args += [opt.flag] if value else []
-        elif opt.kind == "list":
-            args += [f"{opt.flag}={v}" for v in ([value] if isinstance(value, str) else value)]
-        else:
-            args.append(f"{opt.flag}={str(value).lower() if isinstance(value, bool) else value}")
+        if value is not None:
+            args += opt.as_args([value] if opt.kind == "list" and isinstance(value, str) else value)
     return args
 
 

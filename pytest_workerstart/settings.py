@@ -208,6 +208,16 @@ class Option:
     def ini_name(self) -> str | None:
         return (self.ini_key or self.dest) if self.ini else None
 
+    def as_args(self, value: Any) -> list[str]:
+        """``value`` as this option's command-line arguments."""
+        if self.kind == "flag":
+            return [self.flag] if value else []
+        if self.kind == "list":
+            return [f"{self.flag}={v}" for v in value]
+        shown = str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) \
+            else str(value)
+        return [f"{self.flag}={shown}"]
+
 
 OPTIONS: tuple[Option, ...] = (
     Option("loader", _text, "reference", metavar="SPEC",
@@ -317,16 +327,8 @@ class Settings:
         args = []
         for opt in OPTIONS:
             value = getattr(self, opt.field)
-            if not opt.in_reproduce or (value == opt.default and opt.field != "loader"):
-                continue
-            if opt.kind == "flag":
-                args.append(opt.flag)
-            elif opt.kind == "list":
-                args += [f"{opt.flag}={v}" for v in value]
-            else:
-                shown = str(value).lower() if isinstance(value, bool) else f"{value:g}" \
-                    if isinstance(value, float) else str(value)
-                args.append(f"{opt.flag}={shown}")
+            if opt.in_reproduce and (value != opt.default or opt.field == "loader"):
+                args += opt.as_args(value)
         return args
 
 
