@@ -95,10 +95,7 @@ def test_torch_parity(check_env, kind):
     for workers, p in runs:
         ds = NestedMapDataset(32) if kind == "map_shuffled" else ShardedRange(24)
         kw = {"shuffle": True, "generator": torch.Generator().manual_seed(7)} if kind == "map_shuffled" else {}
-        if workers == 0:
-            loader = check_env.loader.make(ds, num_workers=0, batch_size=4, **kw)
-        else:
-            loader = check_env.make(ds, num_workers=workers, parallelism=p, batch_size=4, **kw)
+        loader = check_env.make(ds, num_workers=workers, parallelism=p, batch_size=4, **kw)
         it = iter(loader)
         got = [batch_digest(next(it)) for _ in range(K)]
         truth = _torch_batches(kind, workers)

@@ -97,8 +97,6 @@ TRUTH_TIMEOUT_S = 120.0
 
 def _observe(check_env, run: epochs.Run) -> epochs.Stream:
     ds = epochs.dataset(run.kind)
-    if not run.num_workers:
-        return epochs.iterate(check_env.loader.make(ds, num_workers=0, **epochs.loader_kwargs(run)))
     loader = check_env.make(ds, num_workers=run.num_workers, parallelism=run.parallelism,
                             **epochs.loader_kwargs(run))
     return epochs.iterate(loader)

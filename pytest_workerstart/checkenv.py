@@ -56,6 +56,8 @@ class CheckEnv:
     last_step_error: tuple[str, int, str] | None = None
     #: the session's :class:`~pytest_workerstart.lookahead.ScenarioLookahead` (None: one at a time)
     lookahead: Any = None
+    #: an iterator's shutdown that blew its deadline where nothing could raise (a release in ``__del__``)
+    shutdown_failure: StepAborted | None = None
 
     # --- bounded steps -------------------------------------------------------
     def step(self, name: str, fn: Callable[[], Any], num_workers: int, ctx: InstrumentedContext | None):
@@ -68,6 +70,8 @@ class CheckEnv:
         def stacks() -> str:
             workers = ctx.dump_worker_stacks() if ctx is not None else ""
             return "\n".join(p for p in (thread_stacks(), workers) if p)
+
+        self.raise_shutdown_failure()  # the check ends at its first hung shutdown, not one bound per iterator
 
         try:
             with deadline(name, self.step_timeout(num_workers), on_expiry=stacks, guard=self.memory_guard()):
@@ -86,6 +90,28 @@ class CheckEnv:
             first = str(exc).splitlines()[0][:120] if str(exc) else ""
             self.last_step_error = (name, id(exc), f"{type(exc).__name__}: {first}")
             raise
+
+    def release(self, box: list, step: str, num_workers: int, ctx: InstrumentedContext | None) -> None:
+        """Empty ``box``, which holds the last reference to the loader's iterator (its shutdown
+        runs then), as a bounded step.
+
+        Where a release cannot raise (``__del__``), a blown deadline is kept and
+        fails the check once its function returns (:meth:`raise_shutdown_failure`).
+        """
+        pending, self.shutdown_failure = self.shutdown_failure, None  # this release is bounded all the same
+        try:
+            self.step(step, box.clear, num_workers, ctx)
+        except StepAborted as exc:
+            pending = pending or exc.with_traceback(None)  # its frames would keep the loader's iterator alive
+        finally:
+            self.shutdown_failure = pending
+
+    def raise_shutdown_failure(self) -> None:
+        """Fail the check if an iterator's shutdown hung: a loader that does not shut down has not passed."""
+        if self.shutdown_failure is not None:
+            exc, self.shutdown_failure = self.shutdown_failure, None
+            self.last_step_error = (exc.step, id(exc), exc.kind)  # what the circuit breaker compares
+            raise exc
 
     @property
     def memory_limit(self) -> int:
@@ -135,13 +161,15 @@ class CheckEnv:
     def make(self, dataset, *, num_workers: int, ctx=None, parallelism: int | None = None, **kwargs):
         """Build the loader under test (``parallelism=None``: don't pass the kwarg).
 
-        Returns it wrapped so that ``iter()`` and every batch are bounded steps."""
-        if ctx is None:
+        Returns it wrapped so that ``iter()``, every batch and the iterator's shutdown
+        are bounded steps (``num_workers=0``: no multiprocessing context is passed)."""
+        if ctx is None and num_workers:
             ctx = self.context(num_workers)
         kwargs.setdefault("batch_size", 2)
+        if num_workers:
+            kwargs["multiprocessing_context"] = ctx
         built = self.step("building the loader", lambda: self.loader.make(
-            dataset, num_workers=num_workers, multiprocessing_context=ctx, parallelism=parallelism, **kwargs),
-            num_workers, ctx)
+            dataset, num_workers=num_workers, parallelism=parallelism, **kwargs), num_workers, ctx)
         return BoundedLoader(built, self, num_workers, ctx)
 
     @property
@@ -251,6 +279,13 @@ class BoundedIterator:
     def __getattr__(self, name):
         return getattr(self._ws[0], name)
 
+    def __del__(self):
+        # the loader's iterator goes with this one: its shutdown is a bounded step too
+        box, env, n, ctx = [self._ws[0]], *self._ws[1:]
+        self._ws = (None, env, n, ctx)
+        if box[0] is not None:
+            env.release(box, "the iterator's shutdown", n, ctx)
+
 
 def batches_of(loader, limit: int | None = None) -> list:
     out = []
@@ -273,3 +308,4 @@ def check_env(request, ws_context, ws_loader, ws_settings, ws_step_timeout, ws_l
     env = CheckEnv(ws_context, ws_loader, ws_settings, request, ws_step_timeout, lookahead=ws_lookahead)
     yield env
     env.close()
+    env.raise_shutdown_failure()  # an iterator the check's fixtures held, released only now

@@ -71,15 +71,18 @@ def rebuild(loader: dict, context: str):
 def scenario_preflight(loader: dict, context: str, num_workers: int, parallelism: int | None) -> dict[str, Any]:
     """Build the loader on a tiny suite dataset and fetch one batch.
 
-    Also measures this interpreter's import of torch and the loader: what a
-    spawn worker pays to boot, the unit of every in-process deadline.
+    Also measures the import of torch and the loader in a fresh interpreter: what
+    a spawn worker pays to boot, the unit of every in-process deadline (forked from
+    the zygote, torch's share is the zygote's own fresh import).
     """
     import faulthandler
+
+    from pytest_workerstart.probes.zygote import import_cost
 
     faulthandler.enable(sys.stderr)  # a crash of the driver then says where (failure_site)
     t0 = time.monotonic()
     under_test = rebuild(loader, context)
-    boot = time.monotonic() - t0
+    boot = time.monotonic() - t0 + import_cost()
     from pytest_workerstart.fixtures.datasets import WorkerTagDataset
 
     dl = under_test.make(WorkerTagDataset(8), num_workers=num_workers, multiprocessing_context=context,

@@ -299,7 +299,7 @@ class WorkerstartSession:
 
     # --- preflight and circuit breaker ---------------------------------------
     def _preflight(self, loader: protocol.LoaderUnderTest) -> None:
-        """Build the loader and fetch one batch in a fresh interpreter, before any check.
+        """Build the loader and fetch one batch in a scenario process, before any check.
 
         A loader that cannot do that (rejects the suite's datasets, raises,
         hangs, crashes the driver) would fail every check the same way, slowly:
@@ -314,7 +314,7 @@ class WorkerstartSession:
         from pytest_workerstart.probes.deadline import memory_limit_bytes
 
         res = scenarios.run(loader, ctx, "preflight", timeout=timeout, num_workers=2, parallelism=p,
-                            memory_limit=memory_limit_bytes(self.settings.memory_limit))
+                            memory_limit=memory_limit_bytes(self.settings.memory_limit), warm=True)
         problem = scenarios.preflight_problem(res, timeout, loader.parallelism_kwarg if p else None)
         if problem is None:
             self.boot_cost = res.value["boot_s"]
@@ -330,6 +330,14 @@ class WorkerstartSession:
                                       f"deliver a batch: {ADAPTER_DOCS} says how to adapt one")
         self._write(final=False)
         pytest.exit("workerstart: preflight failed, no check ran", returncode=pytest.ExitCode.USAGE_ERROR)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function):
+        result = yield
+        env = pyfuncitem.funcargs.get("check_env")
+        if env is not None:
+            env.raise_shutdown_failure()
+        return result
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):

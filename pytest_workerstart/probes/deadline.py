@@ -5,7 +5,9 @@ has not returned when the deadline passes, a watchdog thread calls
 ``on_expiry()`` (which gathers the stacks of every thread and worker while the
 loader is still stuck) and then interrupts the main thread with ``SIGUSR2``,
 whose handler raises :class:`StepTimeout` there. The loader's own cleanup
-(``except``/``finally`` blocks) runs as the exception unwinds.
+(``except``/``finally`` blocks) runs as the exception unwinds. A block that
+returns after its deadline (the exception swallowed on the way, as Python does
+with one raised in ``__del__``) raises it on leaving the ``with``.
 
 The same watchdog guards memory: ``guard()`` is called every ``GUARD_EVERY_S``
 and a message it returns (a runaway loader's resident memory) stops the step
@@ -141,6 +143,8 @@ def deadline(step: str, seconds: float | None, on_expiry: Callable[[], str] | No
         done.set()
         watcher.join()
         signal.signal(SIGNAL, old)
+    if abort:  # expired, yet the block returned: the exception was swallowed (raised in a __del__) or came late
+        raise abort[0]
 
 
 def thread_stacks() -> str:

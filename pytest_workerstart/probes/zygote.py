@@ -11,8 +11,10 @@ finalizers), never ``os._exit``. Its workers are started by the loader under tes
 as usual (spawn workers are fresh interpreters; a forkserver is the child's own).
 
 ``exit.clean_interpreter`` uses it too: what it judges comes from the child's own exit
-(only torch's import-time output, not the loader's, would miss its stderr). Not for the
-preflight (it measures a boot), the ``workerstart_clean_exit`` fixture (a user's
+(only torch's import-time output, not the loader's, would miss its stderr). The preflight
+uses it too: its boot measurement adds the zygote's own import of torch, timed in a fresh
+interpreter under this run's load (:func:`import_cost`). Not for the
+``workerstart_clean_exit`` fixture (a user's
 callable, fresh as documented), the benchmark and the speed clause's trials (timings in fresh processes; forking them
 measured no faster here: a trial's own imports are a small part of it). The zygote runs no Python
 thread and no torch operation: it refuses to fork (and the runner starts a fresh
@@ -43,6 +45,10 @@ PRELOAD = ("torch", "psutil", "pytest", "pytest_workerstart.scenarios", "pytest_
            "pytest_workerstart.probes.faults", "pytest_workerstart.fixtures.datasets",
            "pytest_workerstart.distributed")
 START_TIMEOUT_S = 120.0
+#: what a fresh interpreter pays for the first preload: one spawn worker's boot
+BOOT_MODULE = "torch.utils.data"
+#: seconds this zygote spent importing BOOT_MODULE (set in the zygote, inherited by its children)
+_import_s: float | None = None
 
 
 # --- in the zygote -------------------------------------------------------------
@@ -60,6 +66,10 @@ def _say(msg: dict) -> None:
 
 def serve(preload: list[str]) -> dict | None:
     """The zygote's loop. Returns only in a forked child, with its request."""
+    global _import_s
+    t0 = time.monotonic()
+    importlib.import_module(BOOT_MODULE)
+    _import_s = time.monotonic() - t0
     for name in preload:
         importlib.import_module(name)
     _say({"ready": os.getpid(), "threads": _threads()})
@@ -112,6 +122,12 @@ def become_scenario(req: dict) -> None:
     os.close(err)
     os.environ["TMPDIR"] = req["tmp"]
     tempfile.tempdir = None
+
+
+def import_cost() -> float:
+    """In a scenario forked from the zygote: the seconds its fresh import of torch took,
+    which this process did not pay again; 0 in any other process."""
+    return _import_s or 0.0
 
 
 # --- in pytest -------------------------------------------------------------------

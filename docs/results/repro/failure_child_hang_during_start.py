@@ -1,0 +1,100 @@
+"""Standalone reproducer: a worker that hangs while booting gives a timeout that does not say which.
+
+Contract clause ``failure.child_hang_during_start`` (pytest-workerstart): with ``timeout=``
+given, a worker that hangs during its boot (here: ``worker_init_fn`` of worker 1 sleeps forever)
+gives an error naming that worker (its number or pid) within the timeout, and no worker is left
+running while the caller holds the error (as ``pytest.raises``, a logger or a debugger does).
+The timeout covers the other workers' boots: 1.5 x the workers' number of this interpreter's
+own import of torch under spawn, 0.5 x forked, at least 5 s. Needs only torch and the standard
+library.
+
+    python failure_child_hang_during_start.py                      # the loader this script was written for
+    python failure_child_hang_during_start.py mypkg.loaders:Loader [spawn|forkserver|fork]
+
+Exits 1 (printing what it saw) if the error does not name worker 1 or a worker outlives it,
+0 otherwise.
+"""
+
+import time
+
+_T0 = time.monotonic()
+
+import importlib  # noqa: E402 - the import of torch below is timed: one spawn worker's boot
+import multiprocessing  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+
+import torch  # noqa: E402
+from torch.utils.data import Dataset  # noqa: E402
+
+BOOT_S = time.monotonic() - _T0
+#: the loader judged when no SPEC is given (module:attribute)
+LOADER = "torch.utils.data.dataloader:DataLoader"
+WORKERS = 3
+
+
+class Items(Dataset):
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return torch.tensor([i])
+
+
+class HangInWorker1:
+    """``worker_init_fn``: worker 1 writes its pid (the error may name it by pid), then sleeps forever."""
+
+    def __init__(self, pid_file):
+        self.pid_file = pid_file
+
+    def __call__(self, worker_id):
+        if worker_id == 1:
+            with open(self.pid_file, "w") as f:
+                f.write(str(os.getpid()))
+            while True:
+                time.sleep(3600)
+
+
+def main(spec: str, context: str) -> int:
+    module, _, name = spec.partition(":")
+    loader_class = getattr(importlib.import_module(module), name)
+    pid_file = os.path.join(tempfile.mkdtemp(), "worker1.pid")
+    timeout = max(5.0, round((1.5 if context == "spawn" else 0.5) * WORKERS * BOOT_S, 1))
+    loader = loader_class(Items(), batch_size=2, num_workers=WORKERS, multiprocessing_context=context,
+                          worker_init_fn=HangInWorker1(pid_file), timeout=timeout)
+    held = None
+    try:
+        for _ in loader:
+            pass
+    except Exception as exc:  # noqa: BLE001 - the error the caller gets is what is judged
+        held = exc  # the caller keeps the error, as pytest.raises or a logger would
+    if held is None:
+        print("expected: an error naming worker 1; observed: the epoch ended normally")
+        return 1
+    message = f"{type(held).__name__}: {held}"
+    try:
+        with open(pid_file) as f:
+            pid = f.read().strip() or "?"
+    except OSError:
+        pid = "?"
+    if "worker 1" not in message and "worker process 1" not in message and pid not in message:
+        print(f"expected: an error naming worker 1 (pid {pid}), timeout={timeout} s; "
+              f"observed: {message.splitlines()[0][:300]}")
+        return 1
+    deadline = time.monotonic() + 20  # the loader's shutdown may take a moment
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = multiprocessing.active_children()
+    if alive:
+        print(f"expected: no worker left while the error is held; observed {len(alive)} still running 20 s "
+              f"later: {[p.pid for p in alive]}")
+        for p in alive:
+            p.kill()
+        return 1
+    print(f"ok: {message.splitlines()[0][:300]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else LOADER, sys.argv[2] if len(sys.argv) > 2 else "spawn"))
