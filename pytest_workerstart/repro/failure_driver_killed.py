@@ -15,6 +15,7 @@ Exits 1 (printing what it saw, then killing the survivors) if a process outlives
 
 import importlib
 import multiprocessing
+import multiprocessing.context
 import os
 import signal
 import subprocess
@@ -40,35 +41,65 @@ class Items(Dataset):
         return torch.tensor([i])
 
 
-def last_start_hangs(context_name, ready_file):
-    """A context whose last ``start()`` says ready once the others returned, then waits 10 minutes."""
-    base = multiprocessing.get_context(context_name)
-    lock, calls, returned = threading.Lock(), [0], [0]
+#: in the driver: the file that says the last start began, and the starts seen so far
+STATE = {"ready_file": None, "calls": 0, "returned": 0}
+LOCK = threading.Lock()
 
-    class Process(base.Process):
-        def start(self):
-            with lock:
-                calls[0] += 1
-                last = calls[0] == WORKERS
-            if last:
-                deadline = time.monotonic() + 120
-                while returned[0] < WORKERS - 1 and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                with open(ready_file, "w") as f:
-                    f.write("mid-start")
-                time.sleep(600)
-            super().start()
-            with lock:
-                returned[0] += 1
 
-    return type(f"LastStartHangs{type(base).__name__}", (type(base),), {"Process": Process})()
+class LastStartHangs:
+    """``start()`` of a worker process: the last one says ready once the others returned, then
+    waits 10 minutes."""
+
+    def start(self):
+        with LOCK:
+            STATE["calls"] += 1
+            last = STATE["calls"] == WORKERS
+        if last:
+            deadline = time.monotonic() + 120
+            while STATE["returned"] < WORKERS - 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with open(STATE["ready_file"], "w") as f:
+                f.write("mid-start")
+            time.sleep(600)
+        super().start()
+        with LOCK:
+            STATE["returned"] += 1
+
+
+# module level: spawn and forkserver pickle the process object, so its class must be importable
+class LastStartHangsSpawnProcess(LastStartHangs, multiprocessing.context.SpawnProcess):
+    pass
+
+
+class LastStartHangsForkServerProcess(LastStartHangs, multiprocessing.context.ForkServerProcess):
+    pass
+
+
+class LastStartHangsForkProcess(LastStartHangs, multiprocessing.context.ForkProcess):
+    pass
+
+
+class LastStartHangsSpawnContext(multiprocessing.context.SpawnContext):
+    Process = LastStartHangsSpawnProcess
+
+
+class LastStartHangsForkServerContext(multiprocessing.context.ForkServerContext):
+    Process = LastStartHangsForkServerProcess
+
+
+class LastStartHangsForkContext(multiprocessing.context.ForkContext):
+    Process = LastStartHangsForkProcess
+
+
+CONTEXTS = {"spawn": LastStartHangsSpawnContext, "forkserver": LastStartHangsForkServerContext,
+            "fork": LastStartHangsForkContext}
 
 
 def drive(spec, context, ready_file):
     module, _, name = spec.partition(":")
     loader_class = getattr(importlib.import_module(module), name)
-    loader = loader_class(Items(), batch_size=2, num_workers=WORKERS,
-                          multiprocessing_context=last_start_hangs(context, ready_file))
+    STATE["ready_file"] = ready_file
+    loader = loader_class(Items(), batch_size=2, num_workers=WORKERS, multiprocessing_context=CONTEXTS[context]())
     iter(loader)  # blocks in the last start until killed
     time.sleep(600)
 

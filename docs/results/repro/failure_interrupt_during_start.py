@@ -37,29 +37,54 @@ class Items(Dataset):
         return torch.tensor([i])
 
 
-def interrupting(context_name):
-    """A multiprocessing context whose second ``start()`` sends SIGINT to the main thread."""
-    base = multiprocessing.get_context(context_name)
+class Interrupting:
+    """``start()`` of a worker process: the second one sends SIGINT to the main thread."""
 
-    class Process(base.Process):
-        def start(self):
-            STARTS.append(time.monotonic())
-            if len(STARTS) == 2:
-                # to the main thread, as Ctrl-C reaches it (also when start() runs in another thread)
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-                if threading.current_thread() is threading.main_thread():
-                    time.sleep(0.5)  # the handler runs here, mid-start
-            elif len(STARTS) > 2:
-                time.sleep(0.5)
-            return super().start()
+    def start(self):
+        STARTS.append(time.monotonic())
+        if len(STARTS) == 2:
+            # to the main thread, as Ctrl-C reaches it (also when start() runs in another thread)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            if threading.current_thread() is threading.main_thread():
+                time.sleep(0.5)  # the handler runs here, mid-start
+        elif len(STARTS) > 2:
+            time.sleep(0.5)
+        return super().start()
 
-    return type(f"Interrupting{type(base).__name__}", (type(base),), {"Process": Process})()
+
+# module level: spawn and forkserver pickle the process object, so its class must be importable
+class InterruptingSpawnProcess(Interrupting, multiprocessing.context.SpawnProcess):
+    pass
+
+
+class InterruptingForkServerProcess(Interrupting, multiprocessing.context.ForkServerProcess):
+    pass
+
+
+class InterruptingForkProcess(Interrupting, multiprocessing.context.ForkProcess):
+    pass
+
+
+class InterruptingSpawnContext(multiprocessing.context.SpawnContext):
+    Process = InterruptingSpawnProcess
+
+
+class InterruptingForkServerContext(multiprocessing.context.ForkServerContext):
+    Process = InterruptingForkServerProcess
+
+
+class InterruptingForkContext(multiprocessing.context.ForkContext):
+    Process = InterruptingForkProcess
+
+
+CONTEXTS = {"spawn": InterruptingSpawnContext, "forkserver": InterruptingForkServerContext,
+            "fork": InterruptingForkContext}
 
 
 def main(spec: str, context: str) -> int:
     module, _, name = spec.partition(":")
     loader_class = getattr(importlib.import_module(module), name)
-    loader = loader_class(Items(), batch_size=2, num_workers=3, multiprocessing_context=interrupting(context))
+    loader = loader_class(Items(), batch_size=2, num_workers=3, multiprocessing_context=CONTEXTS[context]())
     held = None
     try:
         next(iter(loader))
