@@ -64,14 +64,14 @@ def test_docs_show_commands():
 
 @pytest.mark.suite  # each runs a pytest, the benchmark or make of its own
 @pytest.mark.parametrize(("page", "command"), COMMANDS, ids=[f"{p}:{c[:60]}" for p, c in COMMANDS])
-def test_command_is_exercised(page, command, tmp_path):
+def test_command_is_exercised(page, command, tmp_path, monkeypatch, capsys):
     redirect = None
     if " > " in command:
         command, redirect = (part.strip() for part in command.split(" > ", 1))
     argv = shlex.split(command)
     head = argv[0]
     if head == "pytest":
-        _pytest(argv[1:], tmp_path)
+        _pytest(argv[1:], tmp_path, monkeypatch, capsys)
     elif argv[:3] == ["python", "-m", "pytest_workerstart.bench"]:
         _bench(argv[3:], tmp_path, redirect)
     elif argv[:3] == ["python", "-m", "pytest_workerstart.results_table"]:
@@ -117,23 +117,28 @@ def _third_party_missing(args):
     return None
 
 
-def _pytest(args, tmp_path):
+def _pytest(args, here, monkeypatch, capsys):
+    """``pytest --collect-only`` in this process (``pytest.main``): torch and the loaders' packages
+    are imported once for every command, not once per command, and stay imported (unloading an
+    extension module is not safe)."""
     missing = _third_party_missing(args)
     if missing:
         pytest.skip(f"{missing} is not installed (the third-party extra)")
     for rel, text in STUBS.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
+        (here / rel).parent.mkdir(parents=True, exist_ok=True)
+        (here / rel).write_text(text)
     for recipe in RECIPES.glob("*.py"):  # the docs run recipes from their directory
-        (tmp_path / recipe.name).write_text(recipe.read_text())
+        (here / recipe.name).write_text(recipe.read_text())
     for a in args:
         if a.startswith("--workerstart-json="):
-            (tmp_path / a.split("=", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *args],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "ERROR:" not in proc.stderr
+            (here / a.split("=", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
+    monkeypatch.chdir(here)
+    monkeypatch.syspath_prepend(str(here))
+    capsys.readouterr()
+    ret = pytest.main(["-p", "no:cacheprovider", "--collect-only", "-q", *args])
+    out, err = capsys.readouterr()
+    assert ret == 0, out[-2000:] + err[-2000:]
+    assert "ERROR:" not in err
 
 
 def _bench(args, tmp_path, redirect):

@@ -60,7 +60,9 @@ def _leftovers(t0: float, watch: ShmWatch):
 ])
 def test_preflight_gives_a_verdict(run_suite, shm_watch, name, expect):
     t0 = time.time()
-    v = run_suite(f"--workerstart-loader={MODULE}:{name}", "--workerstart-profile=quick", timeout=LIMIT_S)
+    # the bound the preflight waits out for a hang: the step timeout given, not the default 60 s
+    v = run_suite(f"--workerstart-loader={MODULE}:{name}", "--workerstart-profile=quick",
+                  "--workerstart-step-timeout=15", timeout=LIMIT_S)
     took = time.time() - t0
     out = v.result.stdout.str() + v.result.stderr.str()
     assert v.result.ret == 4, out[-3000:]

@@ -153,21 +153,29 @@ def main(spec: str, context: str) -> int:
                   f"{time.monotonic() - killed_at:.1f} s after it was killed")
             return 0
         time.sleep(0.2)
-    names = []
-    for pid, _ in survivors:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace")
-            names.append(f"{pid} {command[:120]}")
-        except OSError:
-            names.append(str(pid))
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    names = {pid: command_of(pid) for pid, _ in survivors}
     print(f"expected: nothing the driver started outlives it by {BOUND_S:.0f} s; observed {len(survivors)} of "
-          f"{len(started)} still running (killed now): " + "; ".join(names))
+          f"{len(started)} still running (killed now): " + "; ".join(f"{p} {c[:120]}" for p, c in names.items()))
+    # the workers first: the resource tracker then ends by itself and unlinks the semaphores they leave
+    for pid, started_at in sorted(survivors, key=lambda s: "resource_tracker" in names[s[0]]):
+        if "resource_tracker" in names[pid]:
+            deadline = time.monotonic() + 10
+            while alive(pid, started_at) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        if alive(pid, started_at):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     return 1
+
+
+def command_of(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 if __name__ == "__main__":
