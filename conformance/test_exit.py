@@ -1,7 +1,7 @@
 """exit.clean_interpreter: a program that used the loader ends cleanly.
 
 Judged from outside a scenario interpreter (forked from the suite's preloaded
-zygote, :mod:`pytest_workerstart.probes.zygote`; see
+zygote, :mod:`pytest_workerstart.harness.zygote`; see
 :mod:`pytest_workerstart.probes.clean_exit`): exit status 0, nothing at all on
 stderr (no ``resource_tracker: There appear to be N leaked semaphore objects``, no
 ``Exception ignored in``, no warning), and nothing it started still running
@@ -12,7 +12,7 @@ interpreter's own exit status and output, not anything the loader reports.
 import pytest
 
 from pytest_workerstart import scenarios
-from pytest_workerstart.lookahead import planned_scenario
+from pytest_workerstart.harness.lookahead import planned_scenario
 from pytest_workerstart.probes.clean_exit import CleanExit
 from pytest_workerstart.probes.cores import usable_cores
 

@@ -24,9 +24,9 @@ from torch.utils.data import DataLoader
 from pytest_workerstart import _torch_internals, scenarios
 from pytest_workerstart.checkenv import batches_of
 from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+from pytest_workerstart.harness.runner import run_scenario
 from pytest_workerstart.probes import epochs
 from pytest_workerstart.probes.faults import FaultPlan
-from pytest_workerstart.probes.runner import run_scenario
 from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check

@@ -13,7 +13,7 @@ import pytest
 
 from pytest_workerstart import distributed, protocol, scenarios
 from pytest_workerstart.fixtures.datasets import ShardedRange
-from pytest_workerstart.lookahead import planned_scenario
+from pytest_workerstart.harness.lookahead import planned_scenario
 
 check = pytest.mark.workerstart_check
 N = 3

@@ -54,7 +54,7 @@ class CheckEnv:
     #: (step, id, description) of the last error the loader raised inside a bounded
     #: step; never the exception itself, whose traceback would keep the loader alive
     last_step_error: tuple[str, int, str] | None = None
-    #: the session's :class:`~pytest_workerstart.lookahead.ScenarioLookahead` (None: one at a time)
+    #: the session's :class:`~pytest_workerstart.harness.lookahead.ScenarioLookahead` (None: one at a time)
     lookahead: Any = None
     #: an iterator's shutdown that blew its deadline where nothing could raise (a release in ``__del__``)
     shutdown_failure: StepAborted | None = None
@@ -79,7 +79,7 @@ class CheckEnv:
         except StepAborted as exc:
             self.last_step_error = (name, id(exc), exc.kind)
             if ctx is not None:
-                from pytest_workerstart.probes.reaper import sigchld_ignored
+                from pytest_workerstart.harness.reaper import sigchld_ignored
 
                 with sigchld_ignored():
                     ctx.kill_workers()
@@ -127,8 +127,8 @@ class CheckEnv:
         return self.memory_limit // jobs
 
     def scenario_result(self) -> Any:
-        """The result of this check's ``@planned_scenario`` (see :mod:`pytest_workerstart.lookahead`)."""
-        from pytest_workerstart import lookahead
+        """The result of this check's ``@planned_scenario`` (see :mod:`pytest_workerstart.harness.lookahead`)."""
+        from pytest_workerstart.harness import lookahead
 
         if self.lookahead is None:
             return lookahead.run_now(self.request.node, self)

@@ -54,7 +54,7 @@ def pytest_pycollect_makeitem(collector, name: str, obj) -> None:
     config = collector.config
     if config.pluginmanager.has_plugin("workerstart-session"):
         return None
-    from pytest_workerstart.probes import reaper
+    from pytest_workerstart.harness import reaper
 
     session = _start_session(config, embedded=True)
     reaper.start_guard(verdict=session._json)  # pytest_sessionstart has already run

@@ -1,4 +1,4 @@
-"""Scenarios that run in a fresh interpreter (see :mod:`.probes.runner`).
+"""Scenarios that run in a fresh interpreter (see :mod:`.harness.runner`).
 
 Each ``scenario_*`` function runs in the child, rebuilds the loader from its
 SPEC, drives it, and returns plain JSON. The ``judge_*`` functions run in
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from pytest_workerstart.harness.runner import ScenarioResult, run_scenario
 from pytest_workerstart.probes.faults import describe_chain
-from pytest_workerstart.probes.runner import ScenarioResult, run_scenario
 
 
 def child_env() -> dict[str, str]:
@@ -30,7 +30,7 @@ def run(loader, context: str, name: str, *, timeout: float, memory_limit: int | 
     """Run ``scenario_<name>`` of this module (or ``name`` = "module:function") for
     ``loader`` (a LoaderUnderTest) in ``context``, bounded by ``timeout`` seconds
     and ``memory_limit`` bytes of resident memory (the runner's default if None);
-    ``exit_grace``, ``warm``: see :func:`~pytest_workerstart.probes.runner.run_scenario`."""
+    ``exit_grace``, ``warm``: see :func:`~pytest_workerstart.harness.runner.run_scenario`."""
     target = name if ":" in name else f"{__name__}:scenario_{name}"
     return run_scenario(target, {"loader": loader.payload(), "context": context, **kwargs},
                         timeout=timeout, env=child_env(), memory_limit=memory_limit, exit_grace=exit_grace, warm=warm)
@@ -77,7 +77,7 @@ def scenario_preflight(loader: dict, context: str, num_workers: int, parallelism
     """
     import faulthandler
 
-    from pytest_workerstart.probes.zygote import import_cost
+    from pytest_workerstart.harness.zygote import import_cost
 
     faulthandler.enable(sys.stderr)  # a crash of the driver then says where (failure_site)
     t0 = time.monotonic()

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from pytest_workerstart import protocol, registry
+from pytest_workerstart import protocol, registry, report
 from pytest_workerstart.settings import Settings
-from pytest_workerstart.verdict import OUTCOMES, Verdict, case_key, cell, parse_nodeid
+from pytest_workerstart.verdict import Verdict, parse_nodeid
 
 SUITE_DIR = Path(__file__).resolve().parent / "conformance"
 if not SUITE_DIR.is_dir():  # running from a source checkout (editable install)
@@ -55,7 +55,7 @@ class WorkerstartSession:
         from pytest_workerstart import baseline
 
         self.baseline = baseline.load(settings.baseline) if settings.baseline else None
-        from pytest_workerstart.lookahead import ScenarioLookahead
+        from pytest_workerstart.harness.lookahead import ScenarioLookahead
 
         self.lookahead = ScenarioLookahead(self._scenario_jobs(), self._env_for, one_loader=not embedded)
         self.verdict = Verdict(loader.describe(), self._settings_record(), self.baseline)
@@ -414,101 +414,20 @@ class WorkerstartSession:
                                duration_s=time.monotonic() - self._started, final=final)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config) -> None:
-        tr = terminalreporter
         if config.option.collectonly:
             return
-        records = list(self.verdict.records.values())
-        if self.preflight_failure:  # nothing ran: what failed, the loader's error and the fix, not a table
-            tr.write_sep("=", f"workerstart: preflight failed, none of {len(records)} selected checks ran", red=True)
-            for line in self.preflight_failure:
-                tr.write_line(line, red=True)
-            return
-        if not records:
-            tr.write_sep("=", "workerstart: no conformance check ran", red=True)
-            return
-        contexts = [c for c in protocol.KNOWN_CONTEXTS if any(r.context == c for r in records)]
-        contexts += ["-"] if any(r.context is None for r in records) else []
-        table: dict[str, dict[str, list[str]]] = {}
-        for r in records:
-            shown = r.outcome if r.state == "finished" else "not run"
-            table.setdefault(r.id, {}).setdefault(r.context or "-", []).append(shown)
-        tr.write_sep("=", f"workerstart verdict: {self.loader.spec} ({self.loader.label})")
-        width = max(len(k) for k in table) + 2
-        tr.write_line("check".ljust(width) + "".join(c.ljust(12) for c in contexts))
-        for check_id in sorted(table):
-            cells = [cell(table[check_id].get(c, [])).ljust(12) for c in contexts]
-            tr.write_line(check_id.ljust(width) + "".join(cells))
-        failures = [r for r in records if r.state == "finished" and r.outcome in ("failed", "error")]
-        if failures:
-            tr.write_line("")
-            for r in sorted(failures, key=lambda r: r.nodeid):
-                base = ""
-                if self.baseline is not None:
-                    base = (f" [{self.baseline.loader.get('spec', 'baseline')}: {r.baseline_outcome}]"
-                            if r.baseline_outcome else " [not in the baseline]")
-                tr.write_line(f"{r.outcome.upper()} {case_key(r.nodeid, r.id)}{base}: {r.reason}"[:1000], red=True)
-                if r.reproduce:
-                    tr.write_line(f"  reproduce: {r.reproduce}")
-            if config.option.tbstyle == "no":
-                tr.write_line("(tracebacks: -v or --tb=short)")
-        counts = self.verdict.summary()
-        tr.write_line("")
-        tr.write_line("workerstart: " + ", ".join(f"{counts[o]} {o}" for o in OUTCOMES)
-                      + (f", {counts['not_run']} not run" if counts["not_run"] else ""))
-        reasons: dict[str, int] = {}
-        for r in records:
-            if r.state == "finished" and r.outcome == "skipped":
-                reasons[r.reason] = reasons.get(r.reason, 0) + 1
-        for reason, n in sorted(reasons.items()):
-            tr.write_line(f"  skipped {n}x: {reason}")
-        if counts["not_run"]:
-            why = self.verdict.not_run_reason or f"the session ended first (exit status {int(exitstatus)})"
-            why = why.removeprefix("workerstart: ")
-            tr.write_line(f"workerstart: INCOMPLETE: {counts['not_run']} selected check(s) did not finish: {why}",
-                          red=True)
-        coverage = self.coverage()
-        for ctx, clauses in coverage.items():
-            parallel = [c for c, path in clauses.items() if path == "parallel"]
-            tr.write_line(f"workerstart: coverage {ctx}: parallel start exercised in "
-                          f"{', '.join(parallel) if parallel else 'no clause'}")
-        for ctx, who in self.forked_by().items():
-            if ctx == "forkserver" or set(who) != {"driver"}:
-                tr.write_line(f"workerstart: {ctx} workers forked by "
-                              + ", ".join(f"{w} ({n} checks)" for w, n in sorted(who.items())))
-        if self.loader.kwarg_not_found:
-            tr.write_line(f"workerstart: no parallelism keyword found for {self.loader.spec}: parallel start was never "
-                          f"exercised; name it with --workerstart-parallelism-kwarg=NAME "
-                          f"(or --workerstart-parallelism-kwarg=none to silence this)", yellow=True)
-        made = self.verdict.reproducers
-        if made is not None and (made["written"] or made["none_for"]):
-            tr.write_line(f"workerstart: standalone reproducers in {made['directory']}: "
-                          + (", ".join(Path(p).name for p in made["written"].values()) or "none")
-                          + (f"; none exists for {', '.join(made['none_for'])}" if made["none_for"] else ""))
-        self._baseline_summary(tr, records, failures)
-        if counts["passed"] == 0:
-            tr.write_line("workerstart: WARNING: no check passed; this verdict covers nothing", red=True)
-
-    def _baseline_summary(self, tr, records, failures) -> None:
-        if self.baseline is not None:
-            cmp = self.baseline.compare(records)
-            tr.write_line(f"workerstart: against {self.baseline.describe()}: {len(cmp['same'])} failure(s) the "
-                          f"baseline shares, {len(cmp['new'])} new in this loader"
-                          + (f", {len(cmp['unknown'])} the baseline did not run" if cmp["unknown"] else "")
-                          + (f"; {len(cmp['fixed'])} case(s) the baseline fails pass here" if cmp["fixed"] else ""))
-            for key in cmp["new"]:
-                tr.write_line(f"  new in this loader: {key}", red=True)
-        elif failures and self.loader.subclasses_torch:
-            tr.write_line(f"workerstart: hint: {self.loader.qualname} subclasses torch's DataLoader; "
-                          "--workerstart-baseline=torch shows which of these failures torch has too", yellow=True)
+        report.render(terminalreporter, verdict=self.verdict, loader=self.loader, coverage=self.coverage(),
+                      forked_by=self.forked_by(), baseline=self.baseline, preflight_failure=self.preflight_failure,
+                      exitstatus=int(exitstatus), tb_hint=config.option.tbstyle == "no")
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Start the guard that cleans up if pytest itself is killed."""
-        from pytest_workerstart.probes import reaper
+        from pytest_workerstart.harness import reaper
 
         reaper.start_guard(verdict=self._json)
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus) -> None:
-        from pytest_workerstart.probes import reaper, zygote
+        from pytest_workerstart.harness import reaper, zygote
 
         self.lookahead.close()
         zygote.shutdown()
@@ -527,6 +446,6 @@ class WorkerstartSession:
         self.verdict.reproducers = {"directory": str(directory), "written": written, "none_for": missing}
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        from pytest_workerstart.probes import reaper
+        from pytest_workerstart.harness import reaper
 
         reaper.stop_guard()

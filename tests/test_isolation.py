@@ -3,7 +3,7 @@
 * a neighbour's named semaphores are neither counted nor unlinked (a churner
   creates and unlinks them beside two runs at once);
 * killing pytest (SIGINT, SIGTERM, SIGKILL) mid-scenario leaves nothing of the
-  scenario alive after 15 s (the guard in probes/reaper.py);
+  scenario alive after 15 s (the guard in harness/reaper.py);
 * two suite runs at once, beside a semaphore-churning process, each get the
   verdict a run alone gets, and the churner never loses a semaphore;
 * ``-n 2`` (xdist) gives the plain run's verdict.
@@ -18,7 +18,7 @@ import time
 import psutil
 import pytest
 
-from pytest_workerstart.probes import reaper
+from pytest_workerstart.harness import reaper
 from tests._mpprograms import SemaphoreChurner
 
 FAST = ("--workerstart-context=forkserver", "--workerstart-profile=quick")
@@ -67,7 +67,7 @@ def test_killed_pytest_leaves_nothing(tmp_path, sig, group):
                             start_new_session=True)
     try:
         # the scenario driver, its tracker and three spawn workers
-        seen = _watch_tree(proc, lambda live: sum("probes.runner" in _cmd(p) for p in live) >= 1
+        seen = _watch_tree(proc, lambda live: sum("harness.runner" in _cmd(p) for p in live) >= 1
                            and sum("multiprocessing" in _cmd(p) for p in live) >= 4)
         time.sleep(1.0)
         for p in psutil.Process(proc.pid).children(recursive=True):

@@ -1,4 +1,4 @@
-"""The scenario lookahead (pytest_workerstart/lookahead.py).
+"""The scenario lookahead (pytest_workerstart/harness/lookahead.py).
 
 Consecutive planned checks of one module run side by side, never more than
 ``jobs`` at once; each check gets its own result; a check that skips, or one in
@@ -14,8 +14,8 @@ import types
 import psutil
 import pytest
 
-from pytest_workerstart.lookahead import MARKER, ScenarioLookahead, planned_scenario
-from pytest_workerstart.probes.runner import run_scenario
+from pytest_workerstart.harness.lookahead import MARKER, ScenarioLookahead, planned_scenario
+from pytest_workerstart.harness.runner import run_scenario
 from pytest_workerstart.scenarios import child_env
 
 
@@ -142,7 +142,7 @@ def _sleepers():
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if "pytest_workerstart.probes.runner" in " ".join(p.cmdline()):
+            if "pytest_workerstart.harness.runner" in " ".join(p.cmdline()):
                 out.append(p)
         except psutil.Error:
             continue

@@ -1,4 +1,4 @@
-"""Scenario interpreters forked from the zygote (pytest_workerstart/probes/zygote.py)
+"""Scenario interpreters forked from the zygote (pytest_workerstart/harness/zygote.py)
 look, end and fail like the runner's fresh interpreters."""
 
 import os
@@ -6,7 +6,7 @@ import os
 import psutil
 import pytest
 
-from pytest_workerstart.probes import runner, zygote
+from pytest_workerstart.harness import runner, zygote
 from pytest_workerstart.scenarios import child_env
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pytest_workerstart.probes.runner import ScenarioResult, run_scenario
+from pytest_workerstart.harness.runner import ScenarioResult, run_scenario
 
 
 @dataclasses.dataclass

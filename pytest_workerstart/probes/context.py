@@ -404,7 +404,7 @@ class InstrumentedContext(BaseContext):
         """SIGKILL every live worker this context started (descendants of this process only)."""
         import psutil
 
-        from pytest_workerstart.probes.reaper import kill_and_wait
+        from pytest_workerstart.harness.reaper import kill_and_wait
 
         self._merge_child_events()
         pids = {r.pid for r in self._recorder.records.values() if r.pid}

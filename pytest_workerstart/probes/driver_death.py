@@ -25,10 +25,10 @@ from pathlib import Path
 
 import psutil
 
-from pytest_workerstart.probes import reaper
+from pytest_workerstart.harness import reaper
+from pytest_workerstart.harness.reaper import kill_session, session_members
+from pytest_workerstart.harness.runner import check_abort, launch
 from pytest_workerstart.probes.leaks import ProcInfo, alive, attributed_shm, kill_tree
-from pytest_workerstart.probes.reaper import kill_session, session_members
-from pytest_workerstart.probes.runner import check_abort, launch
 
 
 @dataclasses.dataclass
@@ -74,7 +74,7 @@ def _info(p: psutil.Process) -> ProcInfo | None:
 def run_driver_death(target: str, kwargs: dict, *, exit_mode: str, bound: float = 15.0,
                      ready_timeout: float = 120.0, env: dict | None = None, warm: bool = False) -> DriverDeathResult:
     """``exit_mode``: ``sigkill`` or ``exit`` (``os._exit(0)`` inside the driver); ``warm``:
-    the driver is forked from the zygote (:func:`~pytest_workerstart.probes.runner.launch`)."""
+    the driver is forked from the zygote (:func:`~pytest_workerstart.harness.runner.launch`)."""
     if exit_mode not in ("sigkill", "exit"):
         raise ValueError(f"exit_mode must be 'sigkill' or 'exit', got {exit_mode!r}")
     workdir = Path(tempfile.mkdtemp(prefix="workerstart-driver-"))
@@ -144,4 +144,4 @@ def run_driver_death(target: str, kwargs: dict, *, exit_mode: str, bound: float 
                 os.unlink(f"/dev/shm/{name}")
             except OSError:
                 pass
-        shutil.rmtree(workdir, ignore_errors=True)  # its TMPDIR (probes.runner.launch) included
+        shutil.rmtree(workdir, ignore_errors=True)  # its TMPDIR (harness.runner.launch) included

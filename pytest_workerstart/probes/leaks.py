@@ -34,8 +34,8 @@ HELPER_MARKERS = (
     "multiprocessing.resource_tracker",
     "multiprocessing.forkserver",
     "multiprocessing.semaphore_tracker",
-    "pytest_workerstart.probes.reaper",  # the guard (see probes/reaper.py)
-    "pytest_workerstart.probes.runner --zygote",  # the scenarios' preloaded parent (probes/zygote.py)
+    "pytest_workerstart.harness.reaper",  # the guard (see harness/reaper.py)
+    "pytest_workerstart.harness.runner --zygote",  # the scenarios' preloaded parent (harness/zygote.py)
 )
 SHM_PATTERN = re.compile(r"^(sem\.mp-|torch_|psm_|wnsm_|mp-)")
 
@@ -126,7 +126,7 @@ def helper_fds() -> set[int]:
                 fds.add(value)
     except Exception:
         pass
-    from pytest_workerstart.probes import zygote
+    from pytest_workerstart.harness import zygote
 
     return fds | zygote.pipe_fds()
 

@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pytest_workerstart.harness.runner import run_scenario
 from pytest_workerstart.probes.cores import usable_cores  # noqa: F401 - part of the timing probe
 from pytest_workerstart.probes.foreign_cpu import tree_cpu_s
-from pytest_workerstart.probes.runner import run_scenario
 
 
 def tree_pss() -> int:

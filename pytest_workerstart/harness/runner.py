@@ -1,12 +1,12 @@
 """Run a loader scenario in a fresh interpreter with a hard timeout.
 
 ``run_scenario("pkg.mod:func", {...}, timeout=60)`` starts
-``python -m pytest_workerstart.probes.runner`` in a new session (so every
+``python -m pytest_workerstart.harness.runner`` in a new session (so every
 descendant, even one orphaned and re-parented to init, shares its session id),
 calls ``func(**kwargs)`` there and returns a :class:`ScenarioResult`.
 
 On timeout the parent asks faulthandler in the child for every thread's stack
-(SIGUSR1), then kills the whole session (:func:`~pytest_workerstart.probes.reaper.kill_session`) and
+(SIGUSR1), then kills the whole session (:func:`~pytest_workerstart.harness.reaper.kill_session`) and
 reports ``hang`` with those stacks. A child that dies without a result is reported as ``crash``.
 """
 
@@ -28,9 +28,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from pytest_workerstart.probes import reaper
+from pytest_workerstart.harness import reaper
 
-#: Set (in a thread of :mod:`pytest_workerstart.lookahead`) to an event that, once set,
+#: Set (in a thread of :mod:`pytest_workerstart.harness.lookahead`) to an event that, once set,
 #: stops the scenario at its next poll: its tree is killed and ScenarioAborted raised.
 ABORT: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("workerstart_abort", default=None)
 
@@ -92,7 +92,7 @@ def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None 
     The request goes to ``workdir/request.json``, the result (if any) to
     ``workdir/result.json``, stdout and stderr to ``workdir/stderr.txt``, and
     ``TMPDIR`` is ``workdir/tmp``. ``warm``: forked from the zygote, which has
-    imported torch (:mod:`pytest_workerstart.probes.zygote`), where it can.
+    imported torch (:mod:`pytest_workerstart.harness.zygote`), where it can.
     """
     request = workdir / "request.json"
     request.write_text(json.dumps({"target": target, "kwargs": kwargs, "result": str(workdir / "result.json")}))
@@ -102,7 +102,7 @@ def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None 
     tmp = workdir / "tmp"
     tmp.mkdir(exist_ok=True)
     if warm:
-        from pytest_workerstart.probes import zygote
+        from pytest_workerstart.harness import zygote
 
         try:
             return zygote.get({**os.environ, **(env or {})}).fork(str(request), str(workdir / "stderr.txt"), str(tmp))
@@ -110,7 +110,7 @@ def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None 
             pass  # a fresh interpreter instead
     with open(workdir / "stderr.txt", "wb") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "pytest_workerstart.probes.runner", str(request)],
+            [sys.executable, "-m", "pytest_workerstart.harness.runner", str(request)],
             stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
             env={**os.environ, **(env or {}), "TMPDIR": str(tmp)},
         )
@@ -234,7 +234,7 @@ def _child_main(request_path: str) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--zygote"]:
-        from pytest_workerstart.probes import zygote
+        from pytest_workerstart.harness import zygote
 
         forked = zygote.main(sys.argv[2:])
         sys.exit(0 if forked is None else _child_main(forked["request"]))

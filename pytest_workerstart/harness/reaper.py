@@ -37,8 +37,8 @@ import time
 import psutil
 
 TRACKER_MARKER = "multiprocessing.resource_tracker"
-GUARD_MARKER = "pytest_workerstart.probes.reaper"
-RUNNER_MARKER = "pytest_workerstart.probes.runner"
+GUARD_MARKER = "pytest_workerstart.harness.reaper"
+RUNNER_MARKER = "pytest_workerstart.harness.runner"
 
 _lock = threading.Lock()
 _sessions: dict[int, float | None] = {}  # sid -> leader create time
@@ -292,8 +292,8 @@ def _guard_main(pid: int, ctime: float, verdict: str | None = None, interval: fl
 
 
 def scenario_workdir(p: psutil.Process) -> set[str]:
-    """The private directory of a scenario leader: ``probes.runner DIR/request.json``, or
-    one forked by the zygote (``probes.runner --zygote ...``), whose stderr is ``DIR/stderr.txt``."""
+    """The private directory of a scenario leader: ``harness.runner DIR/request.json``, or
+    one forked by the zygote (``harness.runner --zygote ...``), whose stderr is ``DIR/stderr.txt``."""
     try:
         cmd = p.cmdline()
     except psutil.Error:

@@ -20,7 +20,7 @@ measured no faster here: a trial's own imports are a small part of it). The zygo
 thread and no torch operation: it refuses to fork (and the runner starts a fresh
 interpreter) if its imports left a Python thread running.
 
-It is ``python -m pytest_workerstart.probes.runner --zygote``: processes forked
+It is ``python -m pytest_workerstart.harness.runner --zygote``: processes forked
 from it carry the runner's command line, which the guard and the self-tests know.
 """
 
@@ -173,7 +173,7 @@ class Zygote:
         self.key = _key(env)
         self._tmp = tempfile.mkdtemp(prefix="workerstart-zygote-")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest_workerstart.probes.runner", "--zygote", *PRELOAD],
+            [sys.executable, "-m", "pytest_workerstart.harness.runner", "--zygote", *PRELOAD],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
             env={k: v for k, v in env.items() if k not in _PER_CALL} | {"TMPDIR": self._tmp}, bufsize=0)
         self._cond = threading.Condition()

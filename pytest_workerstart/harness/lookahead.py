@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from pytest_workerstart.probes.runner import ABORT, ScenarioAborted
+from pytest_workerstart.harness.runner import ABORT, ScenarioAborted
 
 MARKER = "workerstart_scenario"
 
