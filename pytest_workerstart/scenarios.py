@@ -139,6 +139,17 @@ def failure_site(res: ScenarioResult) -> str | None:
 #: a hanging worker's timeout: fresh-interpreter boots allowed per worker (see scenario_child_fault)
 BOOTS_PER_WORKER_SPAWN = 1.5
 BOOTS_PER_WORKER_FORKED = 0.5
+#: Without ``timeout=``, how long after the last worker was ready a loader has to notice
+#: a dead worker (torch polls its workers every 5 s), before the slack of :func:`error_bound`.
+NOTICE_S = 5.0
+#: past the bound before a running loader is stopped (the judge's own check keeps the exact bound)
+OVERDUE_GRACE_S = 5.0
+
+
+def error_bound(loader_timeout: float, max_boot: float) -> float:
+    """Seconds after the last worker became ready by which a worker fault must have raised:
+    the loader's ``timeout=`` (or :data:`NOTICE_S`) plus a slack of max(10 s, 2 x the slowest boot)."""
+    return (loader_timeout or NOTICE_S) + max(10.0, 2 * max_boot)
 
 
 def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, num_workers: int,
@@ -164,10 +175,30 @@ def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, nu
     dl = under_test.make(WorkerTagDataset(12), num_workers=num_workers, multiprocessing_context=ctx,
                   parallelism=parallelism, batch_size=2, timeout=loader_timeout)
     t0 = time.monotonic()
+
+    def overdue() -> str | None:
+        # the bound the judge applies, checked while the loader runs: a loader that never raises
+        # is stopped there, not at the runner's hard limit
+        recs = ctx.records(0)
+        ready = [r.ready for r in recs if r.ready is not None]
+        if len(ready) < num_workers:
+            return None  # a worker still boots: the runner's limit bounds that
+        boot = max((r.ready - r.start_begin for r in recs if r.start_begin is not None), default=0.0)
+        since, within = time.monotonic() - max(ready), error_bound(loader_timeout, boot)
+        return (f"no error {since:.0f} s after the last worker was ready (bound {within:.0f} s: timeout "
+                f"{loader_timeout or 'none'}, slowest boot {boot:.1f} s)") if since > within + OVERDUE_GRACE_S else None
+
+    from pytest_workerstart.probes.deadline import StepAborted, deadline
+
     error = None
     try:
-        for batch in dl:
-            del batch  # a batch still referenced keeps its shm fd: not a leak
+        with deadline("the epoch", None, overdue=overdue):
+            for batch in dl:
+                del batch  # a batch still referenced keeps its shm fd: not a leak
+    except StepAborted as exc:
+        ctx.kill_workers()
+        ctx.close()
+        return {"overdue": str(exc).splitlines()[0], "pids": {r.worker: r.pid for r in ctx.records(0)}}
     except Exception as exc:  # noqa: BLE001
         error = exc
     t_err = time.monotonic()
@@ -198,6 +229,9 @@ def judge_child_fault(out: dict, worker: int, timeout: float | None = None) -> N
     from the moment the last worker became ready."""
     if timeout is not None:
         timeout = out.get("loader_timeout", timeout)
+    if "overdue" in out:
+        pytest.fail(f"the loader gave no error although worker {worker} failed during start: {out['overdue']}",
+                    pytrace=False)
     if not out["raised"]:
         pytest.fail(f"the loader finished without an error although worker {worker} died during start",
                     pytrace=False)
@@ -209,7 +243,7 @@ def judge_child_fault(out: dict, worker: int, timeout: float | None = None) -> N
         f"while the error is held (the leak rule): processes or threads of the loader are still alive:\n"
         f"{out['live_while_held']}")
     if timeout is not None:
-        within = timeout + max(10.0, 2 * out["max_boot"])
+        within = error_bound(timeout, out["max_boot"])
         assert out["since_ready"] <= within, (
             f"the error came {out['since_ready']:.1f} s after the last worker was ready ({out['elapsed']:.1f} s "
             f"after iter()); bound {within:.1f} s = timeout {timeout} s + slack (slowest boot {out['max_boot']:.1f} s)")

@@ -31,6 +31,7 @@ def test_each_reproduce_command_reruns_exactly_its_case(pytester, monkeypatch):
     command runs one case, in its context, and it fails again."""
     monkeypatch.setenv("WORKERSTART_PROFILE", "quick")
     monkeypatch.setenv("WORKERSTART_EXIT_TIMEOUT", "6")
+    monkeypatch.setenv("WORKERSTART_CONTEXT", "fork")  # one context: a spawn rerun of the epoch ids costs ~30 s
     out = pytester.path / "verdict.json"
     first = pytester.runpytest_subprocess(
         "--workerstart", f"--workerstart-json={out}", "-p", "no:cacheprovider",
@@ -47,6 +48,7 @@ def test_each_reproduce_command_reruns_exactly_its_case(pytester, monkeypatch):
         cmd = case["reproduce"]
         assert f"  reproduce: {cmd}" in text
         assert "--workerstart-profile=quick" in cmd and "--workerstart-exit-timeout=6" in cmd, cmd
+        assert case["context"] == "fork" and "--workerstart-context=fork" in cmd, cmd
         again = pytester.path / f"again-{case['id']}.json"
         subprocess.run(shlex.split(cmd) + ["-p", "no:cacheprovider", f"--workerstart-json={again}"],
                        cwd=pytester.path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)

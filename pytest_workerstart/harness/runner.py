@@ -138,8 +138,8 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     workdir = Path(tempfile.mkdtemp(prefix="workerstart-scenario-"))
     result_path = workdir / "result.json"
     err_path = workdir / "stderr.txt"
-    start = time.monotonic()
     proc = launch(workdir, target, kwargs or {}, env, warm=warm)
+    start = time.monotonic()  # after a zygote's own start (bounded by it), which is not the scenario's
     leader_ctime = reaper.register_session(proc.pid)
     guard = tree_rss_over(memory_limit or memory_limit_bytes(None), root=proc.pid)
     shm = ShmWatch(interval=1.0 if measuring else 0.1, eager=not measuring, root=proc.pid,

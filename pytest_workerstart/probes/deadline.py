@@ -57,6 +57,12 @@ class MemoryExceeded(StepAborted):
     kind = "memory"
 
 
+class StepOverdue(StepAborted):
+    """A step past a bound that moves with what the step has seen so far (``overdue``)."""
+
+    kind = "hang"
+
+
 def memory_limit_bytes(gib: float | None) -> int:
     """``--workerstart-memory-limit`` in bytes; by default half of this machine's memory."""
     import psutil
@@ -95,8 +101,12 @@ def tree_rss_over(limit_bytes: int, root: int | None = None) -> Callable[[], str
 
 @contextlib.contextmanager
 def deadline(step: str, seconds: float | None, on_expiry: Callable[[], str] | None = None,
-             guard: Callable[[], str | None] | None = None) -> Iterator[None]:
-    if (seconds is None and guard is None) or threading.current_thread() is not threading.main_thread():
+             guard: Callable[[], str | None] | None = None,
+             overdue: Callable[[], str | None] | None = None) -> Iterator[None]:
+    """``guard`` and ``overdue`` are polled every ``GUARD_EVERY_S``: a message from ``guard``
+    stops the step as :class:`MemoryExceeded`, one from ``overdue`` as :class:`StepOverdue`."""
+    polled = [g for g in (guard, overdue) if g is not None]
+    if (seconds is None and not polled) or threading.current_thread() is not threading.main_thread():
         yield
         return
     details: list[str] = []
@@ -123,7 +133,7 @@ def deadline(step: str, seconds: float | None, on_expiry: Callable[[], str] | No
     def watch():
         end = None if seconds is None else time.monotonic() + seconds
         while True:
-            wait = GUARD_EVERY_S if guard is not None else end - time.monotonic()
+            wait = GUARD_EVERY_S if polled else end - time.monotonic()
             if end is not None:
                 wait = min(wait, end - time.monotonic())
             if done.wait(max(wait, 0)):
@@ -131,6 +141,9 @@ def deadline(step: str, seconds: float | None, on_expiry: Callable[[], str] | No
             message = guard() if guard is not None else None
             if message:
                 return stop(lambda d, message=message: MemoryExceeded(step, f"{step}: {message}", d))
+            late = overdue() if overdue is not None else None
+            if late:
+                return stop(lambda d, late=late: StepOverdue(step, f"{step}: {late}", d))
             if end is not None and time.monotonic() >= end:
                 return stop(lambda d: StepTimeout(step, seconds, d))
 
