@@ -146,6 +146,12 @@ NOTICE_S = 5.0
 OVERDUE_GRACE_S = 5.0
 
 
+def slowest_boot(recs) -> float:
+    """Seconds from ``start()`` to ready of the slowest of these workers' records (0: none ready)."""
+    return max((r.ready - r.start_begin for r in recs if r.ready is not None and r.start_begin is not None),
+               default=0.0)
+
+
 def error_bound(loader_timeout: float, max_boot: float) -> float:
     """Seconds after the last worker became ready by which a worker fault must have raised:
     the loader's ``timeout=`` (or :data:`NOTICE_S`) plus a slack of max(10 s, 2 x the slowest boot)."""
@@ -183,7 +189,7 @@ def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, nu
         ready = [r.ready for r in recs if r.ready is not None]
         if len(ready) < num_workers:
             return None  # a worker still boots: the runner's limit bounds that
-        boot = max((r.ready - r.start_begin for r in recs if r.start_begin is not None), default=0.0)
+        boot = slowest_boot(recs)
         since, within = time.monotonic() - max(ready), error_bound(loader_timeout, boot)
         return (f"no error {since:.0f} s after the last worker was ready (bound {within:.0f} s: timeout "
                 f"{loader_timeout or 'none'}, slowest boot {boot:.1f} s)") if since > within + OVERDUE_GRACE_S else None
@@ -196,9 +202,12 @@ def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, nu
             for batch in dl:
                 del batch  # a batch still referenced keeps its shm fd: not a leak
     except StepAborted as exc:
-        ctx.kill_workers()
-        ctx.close()
-        return {"overdue": str(exc).splitlines()[0], "pids": {r.worker: r.pid for r in ctx.records(0)}}
+        from pytest_workerstart.harness.reaper import sigchld_ignored
+
+        with sigchld_ignored():  # a loader's SIGCHLD handler (torch's) would raise for the workers killed here
+            ctx.kill_workers()
+            ctx.close()
+            return {"overdue": str(exc).splitlines()[0], "pids": {r.worker: r.pid for r in ctx.records(0)}}
     except Exception as exc:  # noqa: BLE001
         error = exc
     t_err = time.monotonic()
@@ -208,7 +217,6 @@ def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, nu
     # iter(): other workers' boots (slow on a loaded machine) are not the
     # loader's wait. Boot cost, measured here, widens the slack under load.
     ready = [r.ready for r in recs if r.ready is not None]
-    boots = [r.ready - r.start_begin for r in recs if r.ready is not None and r.start_begin is not None]
     chain = describe_chain(error) if error is not None else []
     live = LeakSnapshot.wait_clean(before, timeout=10, kinds=("processes", "threads"))
     error = None
@@ -217,7 +225,7 @@ def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, nu
     after = LeakSnapshot.wait_clean(before, timeout=15)
     ctx.close()
     return {"raised": bool(chain), "chain": chain, "elapsed": t_err - t0, "pids": pids,
-            "since_ready": t_err - max(ready, default=t0), "max_boot": max(boots, default=0.0),
+            "since_ready": t_err - max(ready, default=t0), "max_boot": slowest_boot(recs),
             "live_while_held": live.format() if live else "", "leaks": after.format() if after else "",
             "leak_summary": after.summary(), "loader_timeout": loader_timeout}
 
