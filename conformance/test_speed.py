@@ -3,8 +3,9 @@
 One measurement serves the three checks (per loader and context): the
 benchmark's trial (:func:`pytest_workerstart.probes.timing.trial`) on a reduced
 EuroSAT-like set (2,000 JPEGs, a ~100 KB dataset pickle, so serial spawn start
-blocks per worker), batch 32, one epoch (63 batches), in fresh interpreters, alternated
-pair by pair:
+blocks per worker), batch 32, one epoch (63 batches), each trial a fresh driver process
+(forked from the zygote: its own import of torch is in no measured span), alternated
+round by round:
 
 * ``w1``: 1 worker (the boot-cost reference; first batch only),
 * ``p1``: N workers, serial start,
@@ -14,7 +15,10 @@ Each item carries the pid of the worker that computed it
 (:class:`~pytest_workerstart.probes.timing.WorkerTagged`), so the time until
 every worker has delivered a batch is measured from the test's side.
 
-All comparisons are ratios of medians measured side by side in this run; the
+Two rounds, and a third only where it could change a decision
+(:func:`~pytest_workerstart.speed_judge.undecided`): a loader far from every bound is
+judged in two, with the decision three would give. All comparisons are ratios of
+medians measured side by side in this run; the
 startup threshold is derived from the measured boot cost and the usable cores
 (:func:`~pytest_workerstart.probes.timing.derived_startup_threshold`), unless
 ``--workerstart-min-speedup`` sets it. Spawn only: the clause is about boots
@@ -33,16 +37,33 @@ import pytest
 from pytest_workerstart import scenarios
 from pytest_workerstart.probes import foreign_cpu
 from pytest_workerstart.probes.timing import run_trials, usable_cores
-from pytest_workerstart.speed_judge import memory_problems, startup_problems, steady_problems
+from pytest_workerstart.speed_judge import memory_problems, startup_problems, steady_problems, undecided
 from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check
 N = 4
-TRIALS = 3
+#: rounds of trials (w1, p1, pN each once): at least, and at most
+MIN_TRIALS, MAX_TRIALS = 2, 3
 PER_CLASS = 200  # 2,000 images
 # A cap; the epoch ends first (63 batches). Warm: batches 2N+1.. (every worker has delivered twice).
 STEADY_BATCHES = 120
 _CACHE: dict[tuple, dict] = {}
+
+
+def _judges(check_env) -> dict:
+    """Each speed id's decision on a measurement: what its check asserts, and what the stopping rule asks."""
+    return {
+        "speed.startup": lambda m: startup_problems(m, num_workers=N, cores=usable_cores(),
+                                                    min_speedup=check_env.settings.min_speedup,
+                                                    window=STEADY_BATCHES),
+        "speed.steady_state": lambda m: steady_problems(m, num_workers=N),
+        "speed.memory": lambda m: memory_problems(m, num_workers=N),
+    }
+
+
+def _series(raw: dict) -> dict:
+    """run_trials' per-trial records as the judges take them: {config: {metric: [per trial]}}."""
+    return {name: {m: [t[m] for t in trials] for m in trials[0]} for name, trials in raw.items()}
 
 
 def _measure(check_env) -> dict:
@@ -68,12 +89,14 @@ def _measure(check_env) -> dict:
             _CACHE[key] = {"busy": f"the machine is busy before the measurement: {before.describe()}"}
         else:
             try:
+                judges = _judges(check_env)
                 with foreign_cpu.ForeignCPU() as during:
-                    raw = run_trials(configs, TRIALS, timeout=300, env=scenarios.child_env())
+                    raw = run_trials(configs, MAX_TRIALS, timeout=300, env=scenarios.child_env(), warm=True,
+                                     enough=lambda raw: not undecided(_series(raw), judges), min_trials=MIN_TRIALS)
             except RuntimeError as exc:
                 _CACHE[key] = {"error": str(exc)}
             else:
-                _CACHE[key] = {name: {m: [t[m] for t in trials] for m in trials[0]} for name, trials in raw.items()}
+                _CACHE[key] = _series(raw)
                 if during.busy:
                     _CACHE[key] = {"busy": f"the machine was busy during the measurement: {during.describe()}"}
     got = _CACHE[key]
@@ -93,8 +116,7 @@ def test_startup(check_env):
     record_measurements(check_env.request.node, **{
         metric: {"w1": m["w1"][metric], "p1": m["p1"][metric], f"p{N}": m["pN"][metric]}
         for metric in ("time_to_first_batch_s", "time_to_all_workers_s")})
-    problems = startup_problems(m, num_workers=N, cores=usable_cores(), min_speedup=check_env.settings.min_speedup,
-                                window=STEADY_BATCHES)
+    problems = _judges(check_env)["speed.startup"](m)
     assert not problems, "\n".join(problems)
 
 
@@ -106,7 +128,7 @@ def test_steady_state(check_env):
         for metric in ("warm_samples_per_s", "warm_cpu_s_per_sample")})
     # Warm window: a loader that defers starts still boots workers during the
     # first batches, which serial start did before its first batch.
-    problems = steady_problems(m, num_workers=N)
+    problems = _judges(check_env)["speed.steady_state"](m)
     assert not problems, "\n".join(problems)
 
 
@@ -119,5 +141,5 @@ def test_memory(check_env):
     record_measurements(check_env.request.node, **{
         metric: {"p1": m["p1"][metric], f"p{N}": m["pN"][metric]}
         for metric in ("pss_increase_mb", "peak_rss_increase_mb")})
-    problems = memory_problems(m, num_workers=N)
+    problems = _judges(check_env)["speed.memory"](m)
     assert not problems, "\n".join(problems)

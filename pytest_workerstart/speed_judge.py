@@ -115,3 +115,55 @@ def memory_problems(m: Measurement, *, num_workers: int) -> list[str]:
             problems.append(f"process-tree {what} with p={num_workers} is {ratio:.3f}x that of p=1 "
                             f"(> {MEMORY_MAX}): p=1 {_median(a):.0f} MiB, p={num_workers} {_median(b):.0f} MiB")
     return problems
+
+
+# --- when a third trial can change nothing --------------------------------------------------------
+
+#: what each judge reads: {configuration: metrics}
+READS: dict[str, dict[str, tuple[str, ...]]] = {
+    "speed.startup": {"w1": ("time_to_first_batch_s",), "p1": tuple(m for m, _ in STARTUP_METRICS),
+                      "pN": tuple(m for m, _ in STARTUP_METRICS)},
+    "speed.steady_state": {c: ("warm_samples_per_s", "warm_cpu_s_per_sample") for c in ("p1", "pN")},
+    "speed.memory": {c: ("pss_increase_mb", "peak_rss_increase_mb") for c in ("p1", "pN")},
+}
+
+
+def _next_values(values: list[Any]) -> list[Any]:
+    """What one more trial could give, as far as medians, pairs and spreads can tell: either
+    extreme of the trials so far, their midpoint, and an outlier beyond either (which moves the
+    median to that extreme and widens the noise band to its cap)."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return [None]
+    lo, hi = min(known), max(known)
+    return [lo, (lo + hi) / 2, hi, lo / 4 if lo > 0 else lo - 4 * (hi - lo + 1), hi * 4 if hi > 0 else hi + 4]
+
+
+def _completions(m: Measurement, reads: dict[str, tuple[str, ...]]):
+    import itertools
+
+    slots = [(c, metric) for c, metrics in reads.items() for metric in metrics]
+    for choice in itertools.product(*(_next_values(m[c][metric]) for c, metric in slots)):
+        out = {c: dict(series) for c, series in m.items()}
+        for (c, metric), value in zip(slots, choice, strict=True):
+            out[c][metric] = [*m[c][metric], value]
+        yield out
+
+
+def undecided(m: Measurement, judges: dict[str, Any]) -> list[str]:
+    """The ids whose decision one more trial of each configuration could change.
+
+    ``judges``: id -> a function of a measurement returning its problems (what the checks
+    call). A decision stands when the judge gives it on ``m`` and on every completion of
+    ``m`` by a third trial whose values are any of :func:`_next_values` (chosen metric by
+    metric). Each judge compares medians, medians of alternated pairs and the spread of the
+    trials: the median of three lies between the two values already measured, and the
+    outliers widen a spread as far as its clamp, so these completions show whether a third
+    trial could change the outcome; on every recorded series, a decision they call settled
+    after two trials is the one three gave (tests/test_speed_judges.py)."""
+    out = []
+    for check_id, judge in judges.items():
+        failed = bool(judge(m))
+        if any(bool(judge(c)) != failed for c in _completions(m, READS[check_id])):
+            out.append(check_id)
+    return out

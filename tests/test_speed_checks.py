@@ -1,7 +1,7 @@
 """Speed checks measured end to end, under spawn in the full profile.
 
-Each run is one shared measurement (3 configurations x 3 fresh-process trials, about
-four minutes on 2 cores), so these run alone (``-m speed``), after the other self-tests:
+Each run is one shared measurement (3 configurations x 2 or 3 rounds of fresh-process trials,
+two to three minutes on 2 cores), so these run alone (``-m speed``), after the other self-tests:
 the reference passes all three ids; a speed broken loader named in
 ``WORKERSTART_SPEED_E2E`` fails its target and nothing unrelated. Every speed broken
 loader's decision is tested on its recorded series (tests/test_speed_judges.py), which
@@ -76,7 +76,8 @@ def test_speed_is_not_judged_on_a_busy_machine(run_suite):
 
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
-        verdict = run_suite(*ARGS)
+        # no preflight: what is judged here is the busy guard, which runs before any trial
+        verdict = run_suite(*ARGS, "--workerstart-preflight=false")
     finally:
         for h in hogs:
             h.kill()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pytest_workerstart.fixtures.broken import catalog
-from pytest_workerstart.speed_judge import memory_problems, startup_problems, steady_problems
+from pytest_workerstart.speed_judge import memory_problems, startup_problems, steady_problems, undecided
 
 _, SPEED_CATCHES = catalog.load()
 DATA = Path(__file__).parent / "data" / "speed"
@@ -158,3 +158,48 @@ def test_a_memory_peak_or_a_kept_increase_fails_memory():
     assert len(JUDGES["speed.memory"](_measurement(peak=3200.0 * 1.5))) == 1
     assert len(JUDGES["speed.memory"](_measurement(pss=900.0 * 1.3))) == 1
     assert JUDGES["speed.memory"](_measurement(pss=900.0 * 1.05, peak=3200.0 * 1.05)) == []
+
+
+# --- the stopping rule: a third round only where it could change a decision ----------------------
+
+def _first(m: dict, k: int) -> dict:
+    return {c: {metric: None if v is None else v[:k] for metric, v in series.items()} for c, series in m.items()}
+
+
+@pytest.mark.parametrize("name", sorted([*SPEED_CATCHES, "reference"]))
+def test_a_decision_settled_after_two_trials_is_the_one_three_gave(name):
+    rec = _recorded(name)
+    judges = {i: (lambda m, j=j: j(m, rec["usable_cores"])) for i, j in JUDGES.items()}
+    two = _first(rec["m"], 2)
+    for check_id in set(judges) - set(undecided(two, judges)):
+        assert bool(judges[check_id](two)) == (rec["outcomes"][check_id] == "failed"), (name, check_id)
+
+
+def test_the_rule_stops_far_from_every_bound_and_not_near_one():
+    settled = _first(_measurement(), 2)  # a true parallel start, trials that agree
+    assert undecided(settled, JUDGES) == []
+    serial = _first(_measurement(ttfb=FIXED + N * BOOT, all_workers=FIXED + N * BOOT + 0.5), 2)
+    assert undecided(serial, JUDGES) == []  # a clear failure needs no third trial either
+    # p=N's two trials straddle the startup bound: a third decides
+    m = _measurement()
+    m["pN"]["time_to_first_batch_s"] = [FIXED + BOOT, FIXED + N * BOOT]
+    assert "speed.startup" in undecided(_first(m, 2), JUDGES)
+
+
+def test_trials_stop_after_the_rounds_the_rule_asks_for(monkeypatch):
+    from pytest_workerstart.harness.runner import ScenarioResult
+    from pytest_workerstart.probes import timing
+
+    ran = []
+
+    def fake(target, kwargs, **_):
+        ran.append(kwargs["name"])
+        return ScenarioResult(status="ok", value={"time_to_first_batch_s": 1.0})
+
+    monkeypatch.setattr(timing, "run_scenario", fake)
+    configs = {n: {"name": n} for n in ("w1", "p1", "pN")}
+    timing.run_trials(configs, 3, enough=lambda raw: True, min_trials=2)
+    assert ran == ["w1", "p1", "pN", "pN", "p1", "w1"]
+    ran.clear()
+    timing.run_trials(configs, 3, enough=lambda raw: False, min_trials=2)
+    assert len(ran) == 9

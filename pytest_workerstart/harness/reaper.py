@@ -56,8 +56,19 @@ def _create_time(pid: int) -> float | None:
         return None
 
 
+def _exited(p: psutil.Process) -> bool:
+    """Gone, or a zombie: dead, holding nothing but its pid until its parent reaps it, and an
+    orphan's parent is init, which here took up to two seconds to."""
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
 def session_members(sid: int, leader_ctime: float | None = None) -> list[psutil.Process]:
-    """Live processes of session ``sid`` (Linux), never this process.
+    """Live processes of session ``sid`` (Linux), never this process nor a zombie.
 
     With ``leader_ctime``: if pid ``sid`` now belongs to a newer process, the
     session id was reused; only members older than that process are ours.
@@ -74,20 +85,49 @@ def session_members(sid: int, leader_ctime: float | None = None) -> list[psutil.
                 continue
             if newer_than is not None and p.create_time() >= newer_than:
                 continue
+            if _exited(p):
+                continue
             out.append(p)
         except (OSError, psutil.Error):
             continue
     return out
 
 
+def wait_exited(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until each of ``procs`` has exited (:func:`_exited`), reaping this process's own
+    children; returns those still running after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    alive = list(procs)
+    while True:
+        still = []
+        for p in alive:
+            try:
+                if p.ppid() == os.getpid():
+                    p.wait(0)  # our child: reaped here, or still running
+                    continue
+            except psutil.TimeoutExpired:
+                still.append(p)
+                continue
+            except psutil.Error:
+                pass
+            if not _exited(p):
+                still.append(p)
+        alive = still
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(delay)
+        delay = min(2 * delay, 0.05)
+
+
 def kill_and_wait(procs: list[psutil.Process], timeout: float = 5.0) -> None:
-    """SIGKILL ``procs`` (already-gone ones are fine) and reap what we can."""
+    """SIGKILL ``procs`` (already-gone ones are fine) and wait until they have exited."""
     for p in procs:
         try:
             p.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(procs, timeout=timeout)
+    wait_exited(procs, timeout)
 
 
 def _is_tracker(p: psutil.Process) -> bool:
@@ -101,8 +141,7 @@ def kill_trackers_last(procs: list[psutil.Process], timeout: float = 5.0) -> Non
     """Kill ``procs``; resource trackers get ``timeout`` to exit by themselves first."""
     trackers = [p for p in procs if _is_tracker(p)]
     kill_and_wait([p for p in procs if p not in trackers], timeout)
-    _, alive = psutil.wait_procs(trackers, timeout=timeout)
-    kill_and_wait(alive, timeout)
+    kill_and_wait(wait_exited(trackers, timeout), timeout)
 
 
 def kill_session(sid: int, timeout: float = 5.0, leader_ctime: float | None = None) -> list[str]:

@@ -86,16 +86,19 @@ class ScenarioResult:
 
 
 def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None = None, *,
-           warm: bool = False) -> subprocess.Popen:
+           warm: bool = False, fast_exit: bool = False) -> subprocess.Popen:
     """Start ``target(**kwargs)`` in a fresh interpreter in a new session (the one child launcher).
 
     The request goes to ``workdir/request.json``, the result (if any) to
     ``workdir/result.json``, stdout and stderr to ``workdir/stderr.txt``, and
     ``TMPDIR`` is ``workdir/tmp``. ``warm``: forked from the zygote, which has
-    imported torch (:mod:`pytest_workerstart.harness.zygote`), where it can.
+    imported torch (:mod:`pytest_workerstart.harness.zygote`), where it can. ``fast_exit``:
+    the child ends with ``os._exit`` once its result is written (a timed run whose
+    interpreter teardown, about a second with torch loaded, nothing reads).
     """
     request = workdir / "request.json"
-    request.write_text(json.dumps({"target": target, "kwargs": kwargs, "result": str(workdir / "result.json")}))
+    request.write_text(json.dumps({"target": target, "kwargs": kwargs, "result": str(workdir / "result.json"),
+                                   "fast_exit": fast_exit}))
     # Everything the scenario's tree puts in the temp directory (multiprocessing's
     # pymp-* with forkserver sockets, event logs) lives in workdir and goes with it,
     # also when the tree is killed before its own cleanup runs.
@@ -125,7 +128,8 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     passes ``memory_limit`` bytes (default: half of this machine's; status ``memory``).
     ``/dev/shm`` entries its tree created and left are unlinked and listed in ``shm_left``
     (``measuring``: a timed run; the tree is then sampled once a second only, so
-    that the watch costs the measurement nothing).
+    that the watch costs the measurement nothing, and the child skips its
+    interpreter's teardown once its result is written: see :func:`launch`).
 
     ``warm``: see :func:`launch`.
 
@@ -138,7 +142,7 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     workdir = Path(tempfile.mkdtemp(prefix="workerstart-scenario-"))
     result_path = workdir / "result.json"
     err_path = workdir / "stderr.txt"
-    proc = launch(workdir, target, kwargs or {}, env, warm=warm)
+    proc = launch(workdir, target, kwargs or {}, env, warm=warm, fast_exit=measuring)
     start = time.monotonic()  # after a zygote's own start (bounded by it), which is not the scenario's
     leader_ctime = reaper.register_session(proc.pid)
     guard = tree_rss_over(memory_limit or memory_limit_bytes(None), root=proc.pid)
@@ -229,6 +233,8 @@ def _child_main(request_path: str) -> int:
     os.replace(tmp, req["result"])
     sys.stdout.flush()
     sys.stderr.flush()
+    if req.get("fast_exit"):
+        os._exit(0)
     return 0
 
 

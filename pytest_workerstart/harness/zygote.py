@@ -15,8 +15,9 @@ as usual (spawn workers are fresh interpreters; a forkserver is the child's own)
 uses it too: its boot measurement adds the zygote's own import of torch, timed in a fresh
 interpreter under this run's load (:func:`import_cost`). Not for the
 ``workerstart_clean_exit`` fixture (a user's
-callable, fresh as documented), the benchmark and the speed clause's trials (timings in fresh processes; forking them
-measured no faster here: a trial's own imports are a small part of it). The zygote runs no Python
+callable, fresh as documented) or the benchmark (fresh interpreters, as its tables say). The speed clause's
+trials are forked from it: each is a fresh driver whose workers boot as usual, and no measured span
+includes the driver's own import. The zygote runs no Python
 thread and no torch operation: it refuses to fork (and the runner starts a fresh
 interpreter) if its imports left a Python thread running.
 

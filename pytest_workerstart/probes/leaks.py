@@ -467,7 +467,9 @@ def kill_tree(procs: Iterable[ProcInfo], timeout: float = 3.0) -> list[ProcInfo]
             alive.append(p)
         except psutil.Error:
             continue
-    psutil.wait_procs(alive, timeout=timeout)
+    from pytest_workerstart.harness.reaper import wait_exited
+
+    wait_exited(alive, timeout)
     return [i for i in procs if i.pid in {p.pid for p in alive}]
 
 

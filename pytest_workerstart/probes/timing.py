@@ -279,15 +279,22 @@ def paired_ratio(numerator: Sequence[float | None], denominator: Sequence[float 
 
 def run_trials(configs: dict[str, dict], trials: int, timeout: float = 600.0,
                progress: Callable[[str], None] | None = None, keep_going: bool = False,
-               env: dict[str, str] | None = None, warm: bool = False) -> dict[str, list[dict]]:
+               env: dict[str, str] | None = None, warm: bool = False,
+               enough: Callable[[dict[str, list[dict]]], bool] | None = None,
+               min_trials: int | None = None) -> dict[str, list[dict]]:
     """Run ``trial`` for every configuration, alternated, each in a fresh process.
 
     A failed trial raises, or with ``keep_going`` is recorded as ``{"error": ...}``.
     ``warm``: each trial's driver is forked from the zygote (a fresh process, workers
     and all, without the driver's own import of torch, which no measured span includes).
+    ``enough``: a sequential stopping rule, asked after each round (every configuration
+    once) from ``min_trials`` rounds on: True ends the measurement before ``trials`` rounds.
+    A trial's process ends without the interpreter's teardown once its result is written:
+    nothing is measured after its loader is gone.
     """
     results: dict[str, list[dict]] = {name: [] for name in configs}
     order = alternated(list(configs), trials)
+    per_round = len(configs)
     for i, name in enumerate(order, 1):
         res = run_scenario(f"{__name__}:trial", configs[name], timeout=timeout, env=env, measuring=True, warm=warm)
         if res.status != "ok":
@@ -300,6 +307,10 @@ def run_trials(configs: dict[str, dict], trials: int, timeout: float = 600.0,
         results[name].append(res.value)
         if progress:
             progress(f"trial {i}/{len(order)} {name}: first batch {res.value['time_to_first_batch_s']:.2f} s")
+        done_rounds, rest = divmod(i, per_round)
+        if enough is not None and not rest and done_rounds >= (min_trials or trials) and i < len(order) \
+                and enough(results):
+            break
     return results
 
 
