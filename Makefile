@@ -8,7 +8,7 @@ PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: venv lint check test test-under-load conformance conformance-quick docs bench bench-epochs tox clean
+.PHONY: venv lint check test test-under-load conformance conformance-quick docs bench bench-epochs bench-suite tox clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -93,6 +93,15 @@ bench-epochs: $(STAMP)
 	    --json docs/bench/epochs.json
 	$(BENCH) arrivals docs/bench/epochs.json -o docs/bench/arrivals.png
 	$(BENCH) epochs docs/bench/epochs.json > docs/bench/epochs.md
+
+# The suite's own time to verdict (docs/bench/suite.md): one `pytest --workerstart` run per
+# loader and profile, timed from outside, with where each run's time went.
+SUITE_LOADERS  ?= reference torch torchdata
+SUITE_PROFILES ?= quick full
+bench-suite: $(STAMP)
+	$(BENCH) suite --loader $(SUITE_LOADERS) --profile $(SUITE_PROFILES) --label "$(BENCH_LABEL)" \
+	    --json docs/bench/suite.json > /dev/null
+	$(BENCH) suite-table docs/bench/suite.json > docs/bench/suite.md
 
 # tox (virtualenv) does not resolve pyenv shims: put each pyenv version's bin/ on PATH.
 ENVS ?= py312-spawn,py313-forkserver

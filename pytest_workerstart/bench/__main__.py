@@ -9,6 +9,8 @@
     python -m pytest_workerstart.bench epochs results.json                 # the second-epoch targets (markdown)
     python -m pytest_workerstart.bench table results.json [more.json ...]   # markdown
     python -m pytest_workerstart.bench targets results.json                 # the reference loader's targets
+    python -m pytest_workerstart.bench suite --loader reference torch --profile quick full --json suite.json
+    python -m pytest_workerstart.bench suite-table suite.json               # the suite's time to verdict (markdown)
 
 Exit status: 0 ok; 1 first-batch digests differ, a trial failed, or ``--compare``
 found a regression; 2 usage error.
@@ -104,6 +106,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"usage: python -m pytest_workerstart.bench {argv[0]} RESULTS.json [...]", file=sys.stderr)
             return 2
         sys.stdout.write(render(argv[0], results))
+        return 0
+    if argv[:1] == ["suite"]:
+        from pytest_workerstart.bench import suite
+
+        return suite.main(argv[1:])
+    if argv[:1] == ["suite-table"]:
+        from pytest_workerstart.bench import suite
+
+        if not argv[1:]:
+            print("usage: python -m pytest_workerstart.bench suite-table SUITE.json [...]", file=sys.stderr)
+            return 2
+        sys.stdout.write(suite.render(argv[1:]))
         return 0
     if argv[:1] == ["plot"]:
         from pytest_workerstart.bench.plot import plot
