@@ -96,12 +96,16 @@ bench-epochs: $(STAMP)
 
 # The suite's own time to verdict (docs/bench/suite.md): one `pytest --workerstart` run per
 # loader and profile, timed from outside, with where each run's time went.
-SUITE_LOADERS  ?= reference torch torchdata
-SUITE_PROFILES ?= quick full
+# The full profile of torch and torchdata takes 15-20 min each here:
+# `make bench-suite SUITE_FULL_LOADERS="reference torch torchdata"`.
+SUITE_LOADERS      ?= reference torch torchdata
+SUITE_FULL_LOADERS ?= reference
 bench-suite: $(STAMP)
-	$(BENCH) suite --loader $(SUITE_LOADERS) --profile $(SUITE_PROFILES) --label "$(BENCH_LABEL)" \
-	    --json docs/bench/suite.json > /dev/null
-	$(BENCH) suite-table docs/bench/suite.json > docs/bench/suite.md
+	$(BENCH) suite --loader $(SUITE_LOADERS) --profile quick --label "$(BENCH_LABEL)" \
+	    --json docs/bench/suite-quick.json > /dev/null
+	$(BENCH) suite --loader $(SUITE_FULL_LOADERS) --profile full --label "$(BENCH_LABEL)" \
+	    --json docs/bench/suite-full.json > /dev/null
+	$(BENCH) suite-table docs/bench/suite-quick.json docs/bench/suite-full.json > docs/bench/suite.md
 
 # tox (virtualenv) does not resolve pyenv shims: put each pyenv version's bin/ on PATH.
 ENVS ?= py312-spawn,py313-forkserver
