@@ -44,6 +44,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _children_cpu() -> float:
+    """CPU seconds of every descendant reaped so far (an orphan that init reaped is not in it)."""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
 
@@ -52,10 +53,10 @@ def run_one(loader: str, profile: str, extra: list[str], progress) -> dict:
     """One suite run; its timings, outcome counts and per-case durations."""
     with tempfile.TemporaryDirectory(prefix="workerstart-bench-suite-") as d:
         verdict_path = Path(d) / "verdict.json"
-        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--workerstart",
-               f"--workerstart-loader={loader}", f"--workerstart-profile={profile}",
-               f"--workerstart-json={verdict_path}", *extra]
-        progress(f"{loader} {profile}: {' '.join(cmd[1:])}")
+        shown = ["pytest", "-p", "no:cacheprovider", "-q", "--workerstart", f"--workerstart-loader={loader}",
+                 f"--workerstart-profile={profile}", *extra]
+        cmd = [sys.executable, "-m", *shown, f"--workerstart-json={verdict_path}"]
+        progress(f"{loader} {profile}: {' '.join(shown)}")
         cpu0, t0 = _children_cpu(), time.perf_counter()
         proc = subprocess.run(cmd, cwd=d, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"})
@@ -69,7 +70,7 @@ def run_one(loader: str, profile: str, extra: list[str], progress) -> dict:
     about = verdict["loader"]
     return {"loader": loader, "loader_name": f"{loader} ({about.get('qualified_name')} {about.get('version')})",
             "profile": profile,
-            "contexts": sorted({c["context"] for c in cases if c["context"]}), "command": " ".join(cmd[1:]),
+            "contexts": sorted({c["context"] for c in cases if c["context"]}), "command": " ".join(shown),
             "exitstatus": proc.returncode, "complete": verdict.get("complete"), "wall_s": wall,
             "cpu_s": cpu, "checks_s": sum(c["duration_s"] for c in cases), "cases": cases}
 
@@ -102,8 +103,8 @@ def table(result: dict) -> str:
     m = result["machine"]
     lines = [f"Machine: {result.get('label') or 'unlabelled'}, {m['cores']} usable cores, Python {m['python']}, "
              f"{m['when']}.", "",
-             "| loader | profile | contexts | wall s | CPU s | in checks s | before and between checks s | "
-             "passed / failed / skipped |", "|---|---|---|---|---|---|---|---|"]
+             "| loader | profile | contexts | wall s | CPU s (reaped tree) | in checks s | "
+             "before and between checks s | passed / failed / skipped |", "|---|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
         n = _by([{**c, "duration_s": 1} for c in r["cases"]], lambda c: c["outcome"])
         between = r["wall_s"] - r["checks_s"]
