@@ -10,8 +10,8 @@ docs cannot go unchecked):
   capabilities; usage errors would exit 4. A command whose third-party
   package is not installed is skipped.
   Full runs of the same options are the self-tests and ``make conformance``.
-* ``python -m pytest_workerstart.bench``: ``plot``/``arrivals``/``table``/``targets``/``epochs``
-  run for real on the committed results; a benchmark run is parsed by its own parser
+* ``python -m pytest_workerstart.bench``: ``plot``/``arrivals``/``table``/``targets``/``epochs``/``suite-table``
+  run for real on the committed results; a benchmark or suite run is parsed by its own parser
   (``tests/test_bench.py`` runs the harness end to end).
 * ``python -m pytest_workerstart.results_table``: run for real, output compared.
 * ``make T``: ``make -n T``. ``tox -e E``: each E is a configured environment.
@@ -144,13 +144,17 @@ def _pytest(args, here, monkeypatch, capsys):
 def _bench(args, tmp_path, redirect):
     from pytest_workerstart.bench import __main__ as bench
 
-    if args and args[0] in ("plot", "arrivals", "table", "targets", "epochs"):
+    if args and args[0] in ("plot", "arrivals", "table", "targets", "epochs", "suite-table"):
         real = [str(tmp_path / Path(a).name) if a.endswith(".png") else a for a in args]
         proc = subprocess.run([sys.executable, "-m", "pytest_workerstart.bench", *real], cwd=ROOT,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         if redirect:
             assert proc.stdout == (ROOT / redirect).read_text(), f"{redirect} is not what the command renders"
+    elif args[:1] == ["suite"]:  # a suite run per loader and profile: its arguments parse
+        from pytest_workerstart.bench import suite
+
+        suite.parser().parse_args(args[1:])
     else:
         bench.run_parser().parse_args(args)
 
