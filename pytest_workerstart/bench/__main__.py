@@ -95,8 +95,8 @@ def print_table(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] in (["table"], ["targets"], ["epochs"]):
-        from pytest_workerstart.bench.report import render
+    if argv[:1] in (["table"], ["targets"], ["epochs"], ["suite-table"]):
+        from pytest_workerstart.bench import report, suite
 
         results = []
         for path in argv[1:]:
@@ -105,20 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         if not results:
             print(f"usage: python -m pytest_workerstart.bench {argv[0]} RESULTS.json [...]", file=sys.stderr)
             return 2
-        sys.stdout.write(render(argv[0], results))
+        sys.stdout.write(suite.render(results) if argv[0] == "suite-table" else report.render(argv[0], results))
         return 0
     if argv[:1] == ["suite"]:
         from pytest_workerstart.bench import suite
 
         return suite.main(argv[1:])
-    if argv[:1] == ["suite-table"]:
-        from pytest_workerstart.bench import suite
-
-        if not argv[1:]:
-            print("usage: python -m pytest_workerstart.bench suite-table SUITE.json [...]", file=sys.stderr)
-            return 2
-        sys.stdout.write(suite.render(argv[1:]))
-        return 0
     if argv[:1] == ["plot"]:
         from pytest_workerstart.bench.plot import plot
 

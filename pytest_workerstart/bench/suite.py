@@ -126,5 +126,5 @@ def table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render(paths: list[str]) -> str:
-    return "".join(table(json.loads(Path(p).read_text())) for p in paths)
+def render(results: list[dict]) -> str:
+    return "".join(table(r) for r in results)
