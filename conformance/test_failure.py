@@ -123,7 +123,8 @@ def _child_fault(fault: str, loader_timeout: float):
         # the hang's timeout grows with the boot cost (scenarios.scenario_child_fault), so does the bound
         bound = max(60.0, 2 * (env.step_timeout(N) or 30.0)) if loader_timeout else 40
         return scenarios.planned(env, "child_fault", timeout=bound, fault=fault, worker=1, num_workers=N,
-                                 parallelism=env.parallelism(N), loader_timeout=loader_timeout)
+                                 parallelism=env.parallelism(N), loader_timeout=loader_timeout,
+                                 boot_cost=env.boot_cost())
     return plan
 
 
@@ -147,7 +148,7 @@ def test_child_hang_during_start(check_env):
 
 def _interrupt_plan(env):
     return scenarios.planned(env, "interrupt", timeout=90, worker=1, num_workers=N,
-                             parallelism=env.parallelism(N))
+                             parallelism=env.parallelism(N), boot_cost=env.boot_cost())
 
 
 @check("failure.interrupt_during_start")

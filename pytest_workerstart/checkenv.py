@@ -20,11 +20,6 @@ from pytest_workerstart.probes.deadline import StepAborted, deadline, memory_lim
 from pytest_workerstart.probes.faults import FaultPlan
 from pytest_workerstart.probes.leaks import LeakReport, LeakSnapshot
 
-#: How long teardown after a *failure* may take before what is left counts as
-#: leaked. Stock torch needs ~16 s after a held worker error (a 5 s join per
-#: worker, then terminate). Ordinary endings get ``--workerstart-exit-timeout``.
-LEAK_PATIENCE_S = 20.0
-
 
 class HeldException:
     """An exception kept referenced (as ``pytest.raises`` would) until released."""
@@ -49,6 +44,8 @@ class CheckEnv:
     request: pytest.FixtureRequest
     #: num_workers -> seconds a step that waits on the loader may take (None: unbounded)
     step_timeout: Callable[[int], float | None] = lambda n: None
+    #: seconds one spawn worker's boot takes in this run (measured once per session)
+    boot_cost: Callable[[], float] = lambda: 0.0
     _contexts: list = dataclasses.field(default_factory=list)
     _shm_before: dict = dataclasses.field(default_factory=lambda: leaks.shm_entries())
     #: (step, id, description) of the last error the loader raised inside a bounded
@@ -196,8 +193,14 @@ class CheckEnv:
             return HeldException(exc)
         pytest.fail(what)
 
-    def assert_clean(self, before: LeakSnapshot, what: str, timeout: float = LEAK_PATIENCE_S) -> None:
-        report = LeakSnapshot.wait_clean(before, timeout=timeout)
+    @property
+    def leak_patience(self) -> float:
+        """How long teardown after a failure may take (:func:`.probes.leaks.patience`); ordinary
+        endings get ``--workerstart-exit-timeout``."""
+        return leaks.patience(self.boot_cost())
+
+    def assert_clean(self, before: LeakSnapshot, what: str, timeout: float | None = None) -> None:
+        report = LeakSnapshot.wait_clean(before, timeout=self.leak_patience if timeout is None else timeout)
         if report:
             pytest.fail(f"{what}: leaked {report.summary()}\n{report.format()}", pytrace=False)
 
@@ -210,7 +213,7 @@ class CheckEnv:
         reported, and a failure only with ``--workerstart-strict``.
         """
         strict = self.settings.strict
-        live = LeakSnapshot.wait_clean(before, kinds=("processes", "threads", "dangling"), timeout=LEAK_PATIENCE_S)
+        live = LeakSnapshot.wait_clean(before, kinds=("processes", "threads", "dangling"), timeout=self.leak_patience)
         if live:
             pytest.fail(f"{what}: while the exception is held: {live.summary()}\n{live.format()}", pytrace=False)
         while_held = before.diff(LeakSnapshot.take())
@@ -297,7 +300,7 @@ def batches_of(loader, limit: int | None = None) -> list:
 
 
 @pytest.fixture
-def check_env(request, ws_context, ws_loader, ws_settings, ws_step_timeout, ws_lookahead):
+def check_env(request, ws_context, ws_loader, ws_settings, ws_step_timeout, ws_boot_cost, ws_lookahead):
     """The environment of one check; skips it (with the reason) if the loader lacks what it needs."""
     from pytest_workerstart import protocol, registry
 
@@ -305,7 +308,7 @@ def check_env(request, ws_context, ws_loader, ws_settings, ws_step_timeout, ws_l
     gap = protocol.requirement_gap(ws_loader, registry.get(marker.args[0]), ws_context) if marker else None
     if gap:
         pytest.skip(gap)
-    env = CheckEnv(ws_context, ws_loader, ws_settings, request, ws_step_timeout, lookahead=ws_lookahead)
+    env = CheckEnv(ws_context, ws_loader, ws_settings, request, ws_step_timeout, ws_boot_cost, lookahead=ws_lookahead)
     yield env
     env.close()
     env.raise_shutdown_failure()  # an iterator the check's fixtures held, released only now

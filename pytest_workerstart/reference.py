@@ -50,7 +50,7 @@ import threading
 import time
 import traceback
 import warnings
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.multiprocessing
@@ -598,14 +598,14 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
                 if self._pending is not None:
                     self._fail()
                 raise
-            message = self._describe_failure(str(exc))
+            message, silent = self._describe_failure(str(exc))
         except BaseException:  # e.g. Ctrl-C while deferred starts run
             if self._pending is not None:
                 self._fail()
             raise
         else:
             return
-        self._fail()
+        self._fail(silent)
         raise WorkerFailedError(message)
 
     def _shutdown_workers(self) -> None:
@@ -803,21 +803,22 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
                 if self._pending is not None:
                     self._fail()
                 raise
-            message = self._describe_failure(str(exc))
+            message, silent = self._describe_failure(str(exc))
             cause = _bare_copy(exc.__cause__)
         except BaseException as exc:
             if not isinstance(exc, (Exception, GeneratorExit)):
                 if self._pending is not None:  # Ctrl-C while starts run: stop them all now
                     self._fail()
             raise
-        self._fail()  # outside the except block: the RuntimeError is not kept as __context__
+        self._fail(silent)  # outside the except block: the RuntimeError is not kept as __context__
         if cause is None:
             raise WorkerFailedError(message)
         raise WorkerFailedError(message) from cause  # torch chains what it saw first, so do we
 
-    def _describe_failure(self, text: str) -> str:
-        """``text`` (torch's wording where torch has one), then which worker did what."""
-        names = []
+    def _describe_failure(self, text: str) -> tuple[str, Any]:
+        """``text`` (torch's wording where torch has one), then which worker did what; and the
+        worker that did not answer within the loader's timeout, if that was the failure."""
+        names, silent = [], None
         listed = re.search(r"\(pid(?:\(s\))? ([\d, ]+)\)", text)
         named = {int(p) for p in re.findall(r"\d+", listed.group(1))} if listed else set()
         for worker_id, w in enumerate(self._workers):
@@ -833,12 +834,18 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
             if owed:
                 w = self._workers[owed[0]]
                 names.append(f"worker {owed[0]} (pid {w.pid}) did not answer")
+                silent = w
         if not names:
-            return text
-        return f"{text}{' ' if text.endswith('.') else ': '}" + "; ".join(names)
+            return text, silent
+        return f"{text}{' ' if text.endswith('.') else ': '}" + "; ".join(names), silent
 
-    def _fail(self) -> None:
-        """Shut every worker down and drop queue references (the iterator is dead)."""
+    def _fail(self, silent=None) -> None:
+        """Shut every worker down and drop queue references (the iterator is dead).
+
+        ``silent``: a worker that did not answer within the loader's timeout, terminated
+        first: torch's shutdown would wait its 5 s join for the same silence."""
+        if silent is not None and silent._popen is not None and silent.exitcode is None:
+            silent.terminate()
         # Unregister first: otherwise the next SIGCHLD (a healthy worker exiting
         # during shutdown) re-raises the failure from inside _shutdown_workers,
         # aborting it before the queues are closed.

@@ -159,22 +159,20 @@ def error_bound(loader_timeout: float, max_boot: float) -> float:
 
 
 def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, num_workers: int,
-                         parallelism: int | None, loader_timeout: float) -> dict[str, Any]:
+                         parallelism: int | None, loader_timeout: float, boot_cost: float) -> dict[str, Any]:
     from pytest_workerstart.fixtures.datasets import WorkerTagDataset
     from pytest_workerstart.probes.context import InstrumentedContext
     from pytest_workerstart.probes.faults import FaultPlan
-    from pytest_workerstart.probes.leaks import LeakSnapshot
+    from pytest_workerstart.probes.leaks import LeakSnapshot, patience
 
     under_test = rebuild(loader, context)
     if loader_timeout:
         # The loader's timeout also covers worker 0's boot (the first batch waits for it), which
         # competes with every other worker's. Under spawn each boot is a fresh import: at least
-        # 1.5 x N of them, timed now, under whatever load there is. A forked worker (forkserver,
+        # 1.5 x N of them, at the boot cost measured in this run. A forked worker (forkserver,
         # fork) boots in a fraction of one, but slows down with the same load: 0.5 x N.
-        from pytest_workerstart.probes.deadline import measure_boot_cost
-
         per_worker = BOOTS_PER_WORKER_SPAWN if context == "spawn" else BOOTS_PER_WORKER_FORKED
-        loader_timeout = max(loader_timeout, round(per_worker * num_workers * measure_boot_cost(), 1))
+        loader_timeout = max(loader_timeout, round(per_worker * num_workers * boot_cost, 1))
     before = LeakSnapshot.take()
     plan = getattr(FaultPlan, fault)(worker)
     ctx = InstrumentedContext(context, num_workers=num_workers, faults=plan)
@@ -218,16 +216,31 @@ def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, nu
     # loader's wait. Boot cost, measured here, widens the slack under load.
     ready = [r.ready for r in recs if r.ready is not None]
     chain = describe_chain(error) if error is not None else []
-    live = LeakSnapshot.wait_clean(before, timeout=10, kinds=("processes", "threads"))
+    live = LeakSnapshot.wait_clean(before, timeout=patience(boot_cost), kinds=("processes", "threads"))
     error = None
+    _stop_if_failed(live, ctx)
     del dl
     gc.collect()
-    after = LeakSnapshot.wait_clean(before, timeout=15)
+    after = LeakSnapshot.wait_clean(before, timeout=patience(boot_cost)) if not live else None
     ctx.close()
     return {"raised": bool(chain), "chain": chain, "elapsed": t_err - t0, "pids": pids,
             "since_ready": t_err - max(ready, default=t0), "max_boot": slowest_boot(recs),
             "live_while_held": live.format() if live else "", "leaks": after.format() if after else "",
-            "leak_summary": after.summary(), "loader_timeout": loader_timeout}
+            "leak_summary": _summary(after), "loader_timeout": loader_timeout}
+
+
+def _summary(after) -> str:
+    return after.summary() if after is not None else "not judged: processes were alive while the error was held"
+
+
+def _stop_if_failed(live, ctx) -> None:
+    """The leak rule failed while the error was held, so the judge reads nothing after it:
+    kill the loader's workers rather than wait out its own shutdown (torch joins each for 5 s)."""
+    if live:
+        from pytest_workerstart.harness.reaper import sigchld_ignored
+
+        with sigchld_ignored():  # a loader's SIGCHLD handler (torch's) would raise for the workers killed here
+            ctx.kill_workers()
 
 
 def judge_child_fault(out: dict, worker: int, timeout: float | None = None) -> None:
@@ -293,11 +306,11 @@ def scenario_forkserver_died(loader: dict, context: str, persistent: bool, num_w
 
 
 def scenario_interrupt(loader: dict, context: str, worker: int, num_workers: int,
-                       parallelism: int | None) -> dict[str, Any]:
+                       parallelism: int | None, boot_cost: float) -> dict[str, Any]:
     from pytest_workerstart.fixtures.datasets import WorkerTagDataset
     from pytest_workerstart.probes.context import InstrumentedContext
     from pytest_workerstart.probes.faults import FaultPlan
-    from pytest_workerstart.probes.leaks import LeakSnapshot
+    from pytest_workerstart.probes.leaks import LeakSnapshot, patience
 
     under_test = rebuild(loader, context)
     before = LeakSnapshot.take()
@@ -321,16 +334,17 @@ def scenario_interrupt(loader: dict, context: str, worker: int, num_workers: int
     began = _start_began(ctx, worker)
     raised = [f"{type(e).__name__}" for e in holder]
     detail = "".join(__import__("traceback").format_exception(holder[0]))[-3000:] if holder else ""
-    live = LeakSnapshot.wait_clean(before, timeout=10, kinds=("processes", "threads"))
+    live = LeakSnapshot.wait_clean(before, timeout=patience(boot_cost), kinds=("processes", "threads"))
     while_held = before.diff(LeakSnapshot.take())
     holder.clear()
+    _stop_if_failed(live, ctx)
     del dl
     gc.collect()
-    after = LeakSnapshot.wait_clean(before, timeout=15)
+    after = LeakSnapshot.wait_clean(before, timeout=patience(boot_cost)) if not live else None
     ctx.close()
     return {"raised": raised, "began": began, "detail": detail, "live_while_held": live.format() if live else "",
             "held_only": while_held.only(("fds", "shm")).summary() if while_held else "",
-            "leaks": after.format() if after else "", "leak_summary": after.summary()}
+            "leaks": after.format() if after else "", "leak_summary": _summary(after)}
 
 
 def _start_began(ctx, worker: int) -> bool:

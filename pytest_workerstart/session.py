@@ -135,7 +135,8 @@ class WorkerstartSession:
             return None
         if protocol.requirement_gap(self.loader, registry.get(marker.args[0]), context):
             return None
-        return CheckEnv(context, self.loader, self.settings, None, self.step_timeout, lookahead=self.lookahead)
+        return CheckEnv(context, self.loader, self.settings, None, self.step_timeout, self.measured_boot_cost,
+                        lookahead=self.lookahead)
 
     def _settings_record(self) -> dict[str, Any]:
         record = self.settings.for_verdict()
@@ -275,6 +276,10 @@ class WorkerstartSession:
         return self.step_timeout
 
     @pytest.fixture
+    def ws_boot_cost(self):
+        return self.measured_boot_cost
+
+    @pytest.fixture
     def ws_lookahead(self):
         return self.lookahead
 
@@ -284,18 +289,22 @@ class WorkerstartSession:
             return (yield)
         finally:
             # no scenario run ahead outlives the run of checks it was planned for
-            if not self.lookahead.holds(nextitem):
+            if not self.lookahead.may_run_beside(item, nextitem):
                 self.lookahead.drain()
 
     def step_timeout(self, num_workers: int) -> float:
         """Seconds one in-process step that waits on the loader may take."""
         if self.settings.step_timeout is not None:
             return self.settings.step_timeout
+        return max(STEP_FLOOR_S, STEP_BASE_S + STEP_BOOTS * self.measured_boot_cost() * max(1, num_workers))
+
+    def measured_boot_cost(self) -> float:
+        """Seconds one spawn worker's boot takes in this run: the unit of every derived wait."""
         if self.boot_cost is None:
             from pytest_workerstart.probes.deadline import measure_boot_cost
 
             self.boot_cost = measure_boot_cost()
-        return max(STEP_FLOOR_S, STEP_BASE_S + STEP_BOOTS * self.boot_cost * max(1, num_workers))
+        return self.boot_cost
 
     # --- preflight and circuit breaker ---------------------------------------
     def _preflight(self, loader: protocol.LoaderUnderTest) -> None:

@@ -118,6 +118,27 @@ def test_skipping_checks_and_other_modules_run_nothing_ahead():
         queue.close()
 
 
+def test_a_skipped_scenario_check_between_queued_ones_keeps_the_queue():
+    """The session drains after a check unless what follows may run beside the queue: a queued
+    check, or a scenario check that skips (its own run drains nothing); never an in-process check."""
+    rec = Recorder(seconds=0.05)
+    in_process = Item("m::t_in_process", "m")
+    items = _session([Item("m::t[0]", "m", rec.plan, {"k": 0}), Item("m::t[skip]", "m", rec.plan, {"k": "skip"}),
+                      Item("m::t[1]", "m", rec.plan, {"k": 1}), in_process, Item("n::t[0]", "n", rec.plan, {"k": 0})])
+    queue = ScenarioLookahead(2, lambda item: object())
+    try:
+        queue.result(items[0], object())
+        assert queue.holds(items[2]) and not queue.holds(items[1])
+        assert queue.may_run_beside(items[0], items[1]), "a skipping scenario check drained the queue"
+        assert queue.may_run_beside(items[1], items[2])
+        assert not queue.may_run_beside(items[2], in_process), "an in-process check ran beside scenarios"
+        assert not queue.may_run_beside(items[2], None)
+        assert not queue.may_run_beside(items[2], items[4]), "another module's loader ran beside this one's"
+        assert ScenarioLookahead(2, lambda item: object(), one_loader=True).may_run_beside(items[2], items[4])
+    finally:
+        queue.close()
+
+
 def test_drain_stops_a_running_scenario_and_leaves_nothing():
     def plan(env, k):
         if k == 0:

@@ -13,9 +13,10 @@ so two at a time on two cores end the run of checks well before one at a time.
 
 Only correctness scenarios come here: their bounds scale with measured boot
 cost, never with the machine's speed; the speed clause's trials always run
-alone. Before any other check runs, the queue is drained: running scenarios are
-stopped (their trees killed by the runner) and the rest dropped, so no scenario
-overlaps an in-process check, its leak snapshots or another module's loader.
+alone. Before any check that is not a scenario check runs, the queue is drained:
+running scenarios are stopped (their trees killed by the runner) and the rest
+dropped, so no scenario overlaps an in-process check, its leak snapshots or another
+module's loader (a skipped scenario check between two queued ones drains nothing).
 """
 
 from __future__ import annotations
@@ -95,6 +96,15 @@ class ScenarioLookahead:
 
     def holds(self, item: pytest.Item | None) -> bool:
         return item is not None and item.nodeid in self._futures
+
+    def may_run_beside(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool:
+        """Whether what runs ahead may go on while ``nextitem`` runs after ``item``: it is one of
+        the queued checks, or another scenario check of the run (one that skips, or plans its own)."""
+        if nextitem is None:
+            return False
+        if self.holds(nextitem):
+            return True
+        return plan_of(nextitem) is not None and (self.one_loader or nextitem.parent is item.parent)
 
     def drain(self, *also: concurrent.futures.Future) -> None:
         """Stop what runs, drop what waits; returns once no scenario of the queue is alive."""

@@ -39,6 +39,19 @@ HELPER_MARKERS = (
 )
 SHM_PATTERN = re.compile(r"^(sem\.mp-|torch_|psm_|wnsm_|mp-)")
 
+#: How long what a loader stopped after a failure may take to be gone (a worker's interpreter
+#: teardown, a worker polling a stop event) before it counts as leaked: PATIENCE_BOOTS spawn
+#: boots as measured in the run, at least PATIENCE_FLOOR_S (torch's workers poll every 5 s).
+#: A loader's own synchronous shutdown (torch joins each worker for up to 5 s) runs before the
+#: wait begins, so a loader that still holds its workers fails at this bound, not at a fixed one.
+PATIENCE_FLOOR_S = 5.0
+PATIENCE_BOOTS = 2.0
+
+
+def patience(boot_cost: float) -> float:
+    """Seconds :meth:`LeakSnapshot.wait_clean` waits after a failure, given the run's boot cost."""
+    return max(PATIENCE_FLOOR_S, PATIENCE_BOOTS * boot_cost)
+
 
 def _is_helper(proc: psutil.Process) -> bool:
     """The shared resource tracker or forkserver: a *direct* child with that cmdline.
