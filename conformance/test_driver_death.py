@@ -4,8 +4,8 @@ The scenario process drives the loader (after its first batch, or while the
 last worker is still starting), is killed with SIGKILL or leaves with
 ``os._exit(0)``, and every process it created (workers, forkserver, resource
 tracker, grandchildren; recorded with create times before the kill) must be
-gone within ``--workerstart-driver-death-timeout`` (default 15 s), along with
-any ``/dev/shm`` entry created meanwhile. Survivors are listed, then killed.
+gone within ``--workerstart-driver-death-timeout`` (default: :func:`_bound`), along
+with any ``/dev/shm`` entry created meanwhile. Survivors are listed, then killed.
 """
 
 import functools
@@ -14,10 +14,19 @@ import pytest
 
 from pytest_workerstart import scenarios
 from pytest_workerstart.harness.lookahead import planned_scenario
+from pytest_workerstart.probes import leaks
 from pytest_workerstart.probes.driver_death import run_driver_death
 
 check = pytest.mark.workerstart_check
 N = 2
+#: how often a worker may poll for its dead parent (torch's watchdog: every 5 s)
+PARENT_POLL_S = 5.0
+
+
+def _bound(env) -> float:
+    """The setting, else one poll for the dead parent, then the failure patience for the teardown."""
+    given = env.settings.driver_death_timeout
+    return given if given is not None else PARENT_POLL_S + leaks.patience(env.boot_cost())
 
 
 def _plan(env, case, exit_mode):
@@ -27,7 +36,7 @@ def _plan(env, case, exit_mode):
         run_driver_death, "pytest_workerstart.scenarios:scenario_driver",
         {"loader": env.loader.payload(), "context": env.context_name, "case": case, "num_workers": N,
          "parallelism": env.parallelism(N)},
-        exit_mode=exit_mode, bound=env.settings.driver_death_timeout, env=scenarios.child_env(), warm=True)
+        exit_mode=exit_mode, bound=_bound(env), env=scenarios.child_env(), warm=True)
 
 
 @check("failure.driver_killed")
@@ -35,7 +44,7 @@ def _plan(env, case, exit_mode):
 @pytest.mark.parametrize("case", ["after_first_batch", "mid_start"])
 @pytest.mark.parametrize("exit_mode", ["sigkill", "exit"])
 def test_driver_killed(check_env, case, exit_mode):
-    bound = check_env.settings.driver_death_timeout
+    bound = _bound(check_env)
     res = check_env.scenario_result()
     if res.setup_error:
         pytest.fail(res.report(), pytrace=False)

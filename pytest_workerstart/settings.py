@@ -235,8 +235,9 @@ OPTIONS: tuple[Option, ...] = (
            help="also fail on fds/semaphores/shm held only through a referenced exception"),
     Option("min_speedup", _positive_float, None, metavar="X",
            help="speed.startup threshold (default: derived from boot cost and usable cores)"),
-    Option("driver_death_timeout", _positive_float, 15.0, metavar="S",
-           help="seconds every process of a killed driver has to disappear"),
+    Option("driver_death_timeout", _positive_float, None, metavar="S",
+           help="seconds every process of a killed driver has to disappear (default: 5 s for a worker's "
+                "poll of its parent, then the failure patience, max(5 s, 2 x the boot cost measured in the run))"),
     Option("exit_timeout", _positive_float, 5.0, metavar="S",
            help="seconds after the loader's end (exhaustion, break, del) for its processes and threads to go "
                 "(leaks.clean_exit; failure paths keep their own, documented patience)"),
@@ -283,7 +284,7 @@ class Settings:
     profile: str
     strict: bool
     min_speedup: float | None
-    driver_death_timeout: float
+    driver_death_timeout: float | None
     exit_timeout: float
     step_timeout: float | None
     memory_limit: float | None
