@@ -120,8 +120,9 @@ def _child_fault(fault: str, loader_timeout: float):
     """The plan of a worker fault during start (``loader_timeout`` 0: the loader's
     default, none: a dead worker must be noticed, not timed out)."""
     def plan(env):
-        # the hang's timeout grows with the boot cost (scenarios.scenario_child_fault), so does the bound
-        bound = max(60.0, 2 * (env.step_timeout(N) or 30.0)) if loader_timeout else 40
+        # the hang's timeout grows with the boot cost, and doubles on each inconclusive try
+        # (scenarios.scenario_child_fault): so does the bound
+        bound = max(60.0, 2 * (env.step_timeout(N) or 30.0)) * scenarios.HANG_TRIES if loader_timeout else 40
         return scenarios.planned(env, "child_fault", timeout=bound, fault=fault, worker=1, num_workers=N,
                                  parallelism=env.parallelism(N), loader_timeout=loader_timeout,
                                  boot_cost=env.boot_cost())

@@ -1,0 +1,69 @@
+"""The failure paths' waits derive from the run's boot cost, with documented floors,
+and a hang scenario whose timeout fired before the healthy workers were ready is
+inconclusive, not a verdict: it runs again with twice the timeout.
+"""
+
+import types
+
+import pytest
+
+from pytest_workerstart import scenarios
+from pytest_workerstart.probes import leaks
+
+
+@pytest.mark.parametrize(("boot", "expected"), [(0.0, 5.0), (1.0, 5.0), (2.5, 5.0), (3.4, 6.8), (10.0, 20.0)])
+def test_leak_patience_is_two_boots_at_least_five_seconds(boot, expected):
+    assert leaks.patience(boot) == pytest.approx(expected)
+
+
+def test_driver_death_bound_is_the_setting_else_a_poll_plus_the_patience():
+    from conformance.test_driver_death import PARENT_POLL_S, _bound
+
+    def env(setting, boot):
+        return types.SimpleNamespace(settings=types.SimpleNamespace(driver_death_timeout=setting),
+                                     boot_cost=lambda: boot)
+
+    assert _bound(env(23.0, 3.0)) == 23.0
+    assert _bound(env(None, 3.0)) == pytest.approx(PARENT_POLL_S + 6.0)
+    assert _bound(env(None, 0.5)) == pytest.approx(PARENT_POLL_S + leaks.PATIENCE_FLOOR_S)
+
+
+def _run(monkeypatch, outcomes):
+    """scenario_child_fault with each try's outcome scripted; returns (result, timeouts tried)."""
+    tried = []
+
+    def once(under_test, context, fault, worker, num_workers, parallelism, loader_timeout, boot_cost, before):
+        tried.append(loader_timeout)
+        return dict(outcomes[len(tried) - 1], loader_timeout=loader_timeout)
+
+    monkeypatch.setattr(scenarios, "rebuild", lambda loader, context: object())
+    monkeypatch.setattr(scenarios, "_child_fault_once", once)
+    monkeypatch.setattr(leaks.LeakSnapshot, "take", classmethod(lambda cls: None))
+    out = scenarios.scenario_child_fault({}, "forkserver", "child_hang", worker=1, num_workers=3, parallelism=3,
+                                         loader_timeout=5, boot_cost=1.0)
+    return out, tried
+
+
+BOOTING = {"raised": True, "healthy_still_booting": True, "live_while_held": "", "leaks": ""}
+JUDGED = {"raised": True, "healthy_still_booting": False, "live_while_held": "", "leaks": ""}
+
+
+def test_a_timeout_before_the_healthy_workers_were_ready_runs_again_with_twice_the_timeout(monkeypatch):
+    out, tried = _run(monkeypatch, [BOOTING, BOOTING, JUDGED])
+    assert tried == [5, 10, 20] and out["tries"] == 3 and out["loader_timeout"] == 20
+    assert "healthy_still_booting" not in out
+
+
+def test_a_judged_try_ends_the_scenario(monkeypatch):
+    out, tried = _run(monkeypatch, [JUDGED, BOOTING])
+    assert tried == [5] and out["tries"] == 1
+
+
+def test_tries_are_bounded_and_the_last_is_judged(monkeypatch):
+    out, tried = _run(monkeypatch, [BOOTING] * scenarios.HANG_TRIES)
+    assert len(tried) == scenarios.HANG_TRIES and out["tries"] == scenarios.HANG_TRIES
+
+
+def test_an_inconclusive_try_that_leaked_is_judged_on_its_leak(monkeypatch):
+    out, tried = _run(monkeypatch, [dict(BOOTING, live_while_held="pid 1 alive"), JUDGED])
+    assert tried == [5] and out["live_while_held"]
