@@ -232,7 +232,7 @@ def _child_fault_once(under_test, context: str, fault: str, worker: int, num_wor
     pids = {r.worker: r.pid for r in recs}
     # Deadlines are measured from the last worker that became ready, not from
     # iter(): other workers' boots (slow on a loaded machine) are not the
-    # loader's wait. Boot cost, measured here, widens the slack under load.
+    # loader's wait. The slowest boot seen in this try widens the slack under load.
     ready = [r.ready for r in recs if r.ready is not None]
     # a healthy worker not ready when the timeout could first fire: the loader may rightly have timed out on it
     healthy = {r.worker: r.ready for r in recs if r.worker != worker}
