@@ -28,38 +28,51 @@ K = 3  # batches compared with torch's
 DIGESTS = pytest.StashKey[dict]()
 
 
-def _first(check_env, dataset, p, **kw):
-    loader = check_env.make(dataset, num_workers=N, parallelism=p, **kw)
-    return next(iter(loader))
+DATASETS = {"map": lambda: NestedMapDataset(32), "iterable": lambda: ShardedRange(24),
+            "augmented": lambda: AugmentedDataset(32)}
 
 
-def _expected_content(dataset, batch) -> str:
-    """The digest of the batch the test process builds from the indices ``batch`` carries."""
-    return batch_digest(default_collate([dataset[int(i)] for i in batch["index"]]))
+def _first_batches(check_env, kind: str, workers: int, p: int | None) -> dict:
+    """The digests of the first K batches (batch 4, generator seeded 7, shuffled unless iterable)
+    and the indices the first one carries: judged by both ids."""
+    def run() -> dict:
+        kw = {} if kind == "iterable" else {"shuffle": True}
+        loader = check_env.make(DATASETS[kind](), num_workers=workers, parallelism=p, batch_size=4,
+                                generator=torch.Generator().manual_seed(7), **kw)
+        it = iter(loader)
+        batches = [next(it) for _ in range(K)]
+        del it, loader
+        first = batches[0]
+        return {"digests": [batch_digest(b) for b in batches],
+                "first_index": [int(i) for i in first["index"]] if isinstance(first, dict) else None}
+
+    return check_env.observe("the first batches", run, kind, workers, p)
+
+
+def _expected_content(dataset, indices: list[int]) -> str:
+    """The digest of the batch the test process builds from the dataset's items at ``indices``."""
+    return batch_digest(default_collate([dataset[i] for i in indices]))
 
 
 @check("digest.first_batch")
 @pytest.mark.parametrize("kind", ["map_nested", "iterable", "augmented"])
 def test_first_batch(check_env, kind):
-    kw = {"batch_size": 4}
     if kind == "map_nested":
-        ds, kw["shuffle"] = NestedMapDataset(32), True
-        truth = batch_digest(in_process_truth(ds, check_env.loader.factory, shuffle=True, batch_size=4,
-                                              generator=torch.Generator().manual_seed(7)))
+        truth = batch_digest(in_process_truth(NestedMapDataset(32), check_env.loader.factory, shuffle=True,
+                                              batch_size=4, generator=torch.Generator().manual_seed(7)))
     elif kind == "iterable":
         if not check_env.loader.has("iterable_dataset"):
             pytest.skip("loader does not declare capability 'iterable_dataset'")
-        ds = ShardedRange(24)
         truth = batch_digest(default_collate(list(range(0, 24, N))[:4]))  # worker 0's shard
     else:
-        ds, kw["shuffle"], truth = AugmentedDataset(32), True, None
+        truth = None
     ps = [1, N] if check_env.parallel_start_here else [None]
-    batches = {p: _first(check_env, ds, p, generator=torch.Generator().manual_seed(7), **kw) for p in ps}
-    digests = {p: batch_digest(b) for p, b in batches.items()}
+    runs = {p: _first_batches(check_env, kind.removesuffix("_nested"), N, p) for p in ps}
+    digests = {p: run["digests"][0] for p, run in runs.items()}
     assert len(set(digests.values())) == 1, f"first-batch digest depends on parallelism: {digests}"
     got = next(iter(digests.values()))
     if kind == "map_nested":
-        expected = _expected_content(ds, next(iter(batches.values())))
+        expected = _expected_content(NestedMapDataset(32), next(iter(runs.values()))["first_index"])
         assert got == expected, (
             f"the samples delivered differ from the dataset's items for the indices they carry "
             f"(digest {got[:16]} != {expected[:16]} computed in the test process): the loader alters samples")
@@ -93,13 +106,8 @@ def test_torch_parity(check_env, kind):
         pytest.skip("loader does not declare capability 'iterable_dataset'")
     runs = [(0, None)] + [(N, p) for p in ([N] if check_env.parallel_start_here else [None])]
     for workers, p in runs:
-        ds = NestedMapDataset(32) if kind == "map_shuffled" else ShardedRange(24)
-        kw = {"shuffle": True, "generator": torch.Generator().manual_seed(7)} if kind == "map_shuffled" else {}
-        loader = check_env.make(ds, num_workers=workers, parallelism=p, batch_size=4, **kw)
-        it = iter(loader)
-        got = [batch_digest(next(it)) for _ in range(K)]
+        got = _first_batches(check_env, "map" if kind == "map_shuffled" else "iterable", workers, p)["digests"]
         truth = _torch_batches(kind, workers)
-        del it, loader
         wrong = [k for k in range(K) if got[k] != truth[k]]
         assert not wrong, (
             f"num_workers={workers}{f', p={p}' if p else ''}: batches {wrong} differ from torch's DataLoader for the "

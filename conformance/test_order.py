@@ -34,34 +34,44 @@ N = 3
 SEEDS = pytest.StashKey[dict]()
 
 
+GENERATOR_SEEDS = (1234, 4321)
+ITEMS = 8 * N
+
+
+def _tagged(check_env, p, generator_seed=GENERATOR_SEEDS[0]) -> dict:
+    """One epoch of a worker-tagged dataset (batch 2, unshuffled, the generator seeding the
+    workers) while worker i's start is delayed so the last finishes first: judged by
+    ``order.registration`` and ``order.worker_seeds``."""
+    def run() -> dict:
+        ctx = check_env.context(N, faults=FaultPlan.reverse_finish(N))
+        loader = check_env.make(WorkerTagDataset(ITEMS), num_workers=N, ctx=ctx, parallelism=p,
+                                generator=torch.Generator().manual_seed(generator_seed))
+        batches = batches_of(loader)
+        seeds: dict[int, set] = {}
+        for b in batches:
+            for w, seed in zip(b["worker"].tolist(), b["seed"].tolist(), strict=True):
+                seeds.setdefault(int(w), set()).add(int(seed))
+        return {"served": [b["worker"].tolist() for b in batches],
+                "indices": [int(i) for b in batches for i in b["index"]],
+                "seeds": {w: sorted(s) for w, s in sorted(seeds.items())}, "start_order": ctx.start_order()}
+
+    return check_env.observe("one epoch with reversed start delays", run, p, generator_seed)
+
+
 @check("order.registration")
 def test_registration(check_env):
-    ds = WorkerTagDataset(4 * N * 2)
-    ctx = check_env.context(N, faults=FaultPlan.reverse_finish(N))
-    loader = check_env.make(ds, num_workers=N, ctx=ctx, parallelism=check_env.parallelism(N))
-    batches = batches_of(loader)
-    served = [b["worker"].tolist() for b in batches]
-    wrong = [(k, s) for k, s in enumerate(served) if set(s) != {k % N}]
+    got = _tagged(check_env, check_env.parallelism(N))
+    wrong = [(k, s) for k, s in enumerate(got["served"]) if set(s) != {k % N}]
     assert not wrong, (
-        f"batch k must come from worker k mod {N} (start order was {ctx.start_order()}); "
+        f"batch k must come from worker k mod {N} (start order was {got['start_order']}); "
         f"mismatches (batch, workers): {wrong[:6]}")
-    truth = [int(i) for b in DataLoader(ds, batch_size=2) for i in b["index"]]
-    got = [int(i) for b in batches for i in b["index"]]
-    assert got == truth, f"the index stream {got[:8]}... differs from torch's DataLoader's {truth[:8]}..."
-
-
-GENERATOR_SEEDS = (1234, 4321)
+    truth = [int(i) for b in DataLoader(WorkerTagDataset(ITEMS), batch_size=2) for i in b["index"]]
+    assert got["indices"] == truth, (
+        f"the index stream {got['indices'][:8]}... differs from torch's DataLoader's {truth[:8]}...")
 
 
 def _seeds(check_env, p, generator_seed=GENERATOR_SEEDS[0]):
-    ds = WorkerTagDataset(2 * N)
-    ctx = check_env.context(N, faults=FaultPlan.reverse_finish(N))
-    loader = check_env.make(ds, num_workers=N, ctx=ctx, parallelism=p, batch_size=1,
-                            generator=torch.Generator().manual_seed(generator_seed))
-    seeds = {}
-    for b in batches_of(loader):
-        seeds.setdefault(int(b["worker"][0]), set()).add(int(b["seed"][0]))
-    return {w: sorted(s) for w, s in sorted(seeds.items())}
+    return _tagged(check_env, p, generator_seed)["seeds"]
 
 
 @check("order.worker_seeds")

@@ -42,28 +42,35 @@ def test_default_serial(check_env):
 
 
 
+def _bounded_start(check_env, p: int) -> dict:
+    """One epoch at parallelism ``p`` through a holding context: judged by
+    ``start.respects_bound`` and, at p = N, by ``start.builds_all_before_start``."""
+    def run() -> dict:
+        ctx = check_env.context(N, hold=HOLD)
+        loader = check_env.make(WorkerTagDataset(8), num_workers=N, ctx=ctx, parallelism=p)
+        indices = sorted(i for b in batches_of(loader) for i in b["index"].tolist())
+        recs = ctx.records(0)
+        return {"indices": indices, "peak": ctx.peak_concurrent_starts(),
+                "built_all_first": ctx.built_all_before_first_start(),
+                "builds": ", ".join(f"w{r.worker} built {r.constructed:.3f} started {r.start_begin}" for r in recs)}
+
+    return check_env.observe("one epoch through a holding context", run, p)
+
+
 @check("start.respects_bound")
 @pytest.mark.parametrize("p", [1, 2, N], ids=lambda p: f"p{p}")
 def test_respects_bound(check_env, p):
     if check_env.settings.profile == "quick" and p != 2:
         pytest.skip("quick profile: p=2 only")
-    ctx = check_env.context(N, hold=HOLD)
-    loader = check_env.make(WorkerTagDataset(8), num_workers=N, ctx=ctx, parallelism=p)
-    batches = batches_of(loader)
-    assert sorted(i for b in batches for i in b["index"].tolist()) == list(range(8))
-    peak = ctx.peak_concurrent_starts()
-    assert peak == min(p, N), f"parallelism {p}: {peak} starts were in flight at once (want {min(p, N)})"
+    got = _bounded_start(check_env, p)
+    assert got["indices"] == list(range(8))
+    assert got["peak"] == min(p, N), f"parallelism {p}: {got['peak']} starts were in flight at once (want {min(p, N)})"
 
 
 @check("start.builds_all_before_start")
 def test_builds_all_before_start(check_env):
-    ctx = check_env.context(N)
-    loader = check_env.make(WorkerTagDataset(8), num_workers=N, ctx=ctx, parallelism=N)
-    batches_of(loader, limit=1)
-    recs = ctx.records(0)
-    assert ctx.built_all_before_first_start(), (
-        "the first start() began before all Process objects existed: "
-        + ", ".join(f"w{r.worker} built {r.constructed:.3f} started {r.start_begin}" for r in recs))
+    got = _bounded_start(check_env, N)
+    assert got["built_all_first"], "the first start() began before all Process objects existed: " + got["builds"]
 
 
 @check("start.unpicklable_argument")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 import pytest
 
@@ -19,6 +19,11 @@ from pytest_workerstart.probes.context import InstrumentedContext, warm_forkserv
 from pytest_workerstart.probes.deadline import StepAborted, deadline, memory_limit_bytes, thread_stacks, tree_rss_over
 from pytest_workerstart.probes.faults import FaultPlan
 from pytest_workerstart.probes.leaks import LeakReport, LeakSnapshot
+from pytest_workerstart.verdict import record_measurements
+
+T = TypeVar("T")
+#: (loader spec, context, what, key...) -> (nodeid that made the run, "ok" | "failed", facts or error line)
+OBSERVATIONS = pytest.StashKey[dict]()
 
 
 class HeldException:
@@ -169,6 +174,33 @@ class CheckEnv:
             dataset, num_workers=num_workers, parallelism=parallelism, **kwargs), num_workers, ctx)
         return BoundedLoader(built, self, num_workers, ctx)
 
+    def observe(self, what: str, fn: Callable[[], T], *key: Hashable) -> T:
+        """``fn()``, run once per loader, context, ``what`` and ``key`` in this session.
+
+        Several check ids judge one run of the loader instead of each booting the same
+        workers. ``fn`` returns the run's facts, never the loader or its batches (they would
+        keep workers, fds or shared memory alive past the check that made the run). A check
+        run alone with ``-k`` makes the run itself; one that reuses it records where it was
+        made, and a run that failed fails every check that judges it without running again."""
+        cache = self.request.config.stash.setdefault(OBSERVATIONS, {})
+        full = (self.loader.spec, self.context_name, what, *key)
+        if full in cache:
+            origin, status, value = cache[full]
+            record_measurements(self.request.node, observed_in=origin)
+            if status == "failed":
+                pytest.fail(f"{what}: the run this check judges failed in {origin}: {value}", pytrace=False)
+            return value
+        try:
+            value = fn()
+        except pytest.skip.Exception:
+            raise
+        except (Exception, pytest.fail.Exception) as exc:
+            line = (str(exc).strip().splitlines() or [""])[0][:300]
+            cache[full] = (self.request.node.nodeid, "failed", f"{type(exc).__name__}: {line}")
+            raise
+        cache[full] = (self.request.node.nodeid, "ok", value)
+        return value
+
     @property
     def parallel_start_here(self) -> bool:
         return self.loader.has("parallel_start", self.context_name)
@@ -238,8 +270,6 @@ class CheckEnv:
         gone = leaks.unlink_created_since(self._shm_before, left) if left else []
         forked_by = set().union(*(ctx.forked_by() for ctx in self._contexts))
         if forked_by and self.request is not None:
-            from pytest_workerstart.verdict import record_measurements
-
             record_measurements(self.request.node, workers_forked_by=sorted(forked_by))
         if gone:
             self.request.node.add_report_section(

@@ -95,5 +95,8 @@ def test_plan_covers_workers_persistence_parallelism_and_a_second_seed():
     assert {r.num_workers for r in runs} == {0, N} and {r.persistent for r in runs} == {False, True}
     assert {r.parallelism for r in runs if r.num_workers} == {1, N} and {r.kind for r in runs} == {"map", "iterable"}
     assert {r.seed for r in runs} == set(epochs.SEEDS)
+    # the p = 1 twin is persistent: the parallelism judge has a pair, at one start's cost
+    (a, b), = epochs._twins(dict.fromkeys(runs), "parallelism")
+    assert a.persistent and b.persistent
     plain = epochs.plan(parallel=False, iterable=False, persistent=False)
     assert all(r.parallelism is None and not r.persistent and r.kind == "map" for r in plain)

@@ -425,3 +425,33 @@ def test_leaves():
     # only the segment it names: xdist neighbours create and remove their own meanwhile
     named = re.findall(r"unlinked\): (psm_\w+)", result.stdout.str())
     assert named and not [n for n in named if os.path.exists(f"/dev/shm/{n}")], named
+
+
+def test_one_run_judged_by_two_ids(pytester, run_suite):
+    """start.respects_bound[p4] and start.builds_all_before_start judge one run: the second names
+    where it was made, and when that run fails, fails too, saying where, without running it again."""
+    pytester.makepyfile(failsatfour="""
+        from pytest_workerstart.reference import ParallelStartDataLoader
+
+        class FailsAtFour(ParallelStartDataLoader):
+            def __init__(self, *args, worker_start_parallelism=None, **kwargs):
+                if worker_start_parallelism == 4:
+                    raise RuntimeError("no four at once")
+                super().__init__(*args, worker_start_parallelism=worker_start_parallelism, **kwargs)
+    """)
+    select = ("-k", "start.respects_bound or start.builds_all_before_start", "--workerstart-profile=full",
+              "--workerstart-context=forkserver", "--workerstart-circuit-breaker=0")
+    v = run_suite(*select, "--workerstart-loader=reference")
+    assert v.outcomes("start.respects_bound") == ["passed"] * 3
+    assert v.outcomes("start.builds_all_before_start") == ["passed"]
+    cases = {c["nodeid"]: c for c in v.data["checks"]}
+    made = next(n for n in cases if "respects_bound" in n and "p4" in n)
+    builds = next(c for n, c in cases.items() if "builds_all" in n)
+    assert builds["measurements"]["observed_in"] == made
+    v = run_suite(*select, "--workerstart-loader=failsatfour:FailsAtFour", "--workerstart-preflight=false")
+    by_case = {c["nodeid"]: c for c in v.data["checks"]}
+    assert by_case[made]["outcome"] == "failed" and "no four at once" in by_case[made]["reason"]
+    builds = next(c for n, c in by_case.items() if "builds_all" in n)
+    assert builds["outcome"] == "failed" and f"failed in {made}" in builds["reason"] \
+        and "no four at once" in builds["reason"], builds["reason"]
+    assert sorted(c["outcome"] for n, c in by_case.items() if "respects_bound" in n) == ["failed", "passed", "passed"]

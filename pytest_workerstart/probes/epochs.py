@@ -55,13 +55,15 @@ class Run:
 
 def plan(*, parallel: bool, iterable: bool, persistent: bool) -> list[Run]:
     """The runs one context is observed in: num_workers 0 and N, with and without persistent
-    workers, p = 1 and p = N where parallel start is declared, and a second generator seed."""
+    workers, p = N where parallel start is declared and its p = 1 twin (persistent workers where
+    declared: one start instead of one per epoch), and a second generator seed."""
     ps = [1, WORKERS] if parallel else [None]
     kinds = ["map", "iterable"] if iterable else ["map"]
     lives = [False, True] if persistent else [False]
     runs = [Run(kind, False, 0) for kind in kinds]
-    for p in ps:
-        runs += [Run("map", life, WORKERS, parallelism=p) for life in lives]
+    if parallel:
+        runs.append(Run("map", lives[-1], WORKERS, parallelism=1))
+    runs += [Run("map", life, WORKERS, parallelism=ps[-1]) for life in lives]
     runs += [Run("iterable", life, WORKERS, parallelism=ps[-1]) for life in lives if iterable]
     runs.append(Run("map", persistent, WORKERS, SEEDS[1], parallelism=ps[-1]))
     return runs
