@@ -27,6 +27,7 @@ import functools
 import inspect
 import queue
 import threading
+import time
 
 import torch
 from torch.utils.data import _utils
@@ -194,8 +195,25 @@ def worker_loop_kwargs(it, worker_id: int, index_queue) -> dict:
     )
 
 
+#: how long a worker that ends waits for its result queue's feeder thread (see run_worker_loop)
+FEEDER_PATIENCE_S = 2.0
+
+
 def run_worker_loop(kwargs: dict) -> None:
+    """torch's worker loop, then a bounded wait for the feeder thread of the result queue.
+
+    When the loop ends on shutdown it cancels that queue's join, so a feeder still pickling
+    the last batch (``THPStorage_shareFd``, the GIL released) can meet the interpreter's
+    finalization: under spawn the worker then aborts on stderr, "terminate called without an
+    active exception" (the pattern of pytorch #117762; seen after ``for b in loader: break``
+    on a loaded machine). A feeder blocked on a full pipe is not waited for past the bound.
+    """
     _utils.worker._worker_loop(**kwargs)
+    if kwargs["done_event"].is_set():
+        deadline = time.monotonic() + FEEDER_PATIENCE_S
+        for t in threading.enumerate():
+            if t.name == "QueueFeederThread":  # CPython's name for multiprocessing queues' feeders
+                t.join(max(0.0, deadline - time.monotonic()))
 
 
 def start_pin_memory_thread(it) -> None:

@@ -25,6 +25,32 @@ def test_torch_internals_supported():
     _torch_internals.check_supported()  # fails loudly on an unsupported torch
 
 
+def test_worker_waits_for_its_result_feeder_on_shutdown_only(monkeypatch):
+    """A worker ending on shutdown lets the result queue's feeder finish (bounded) before its
+    interpreter finalizes: a feeder still in torch's C++ then aborts the process under spawn."""
+    import threading
+
+    finished = []
+
+    def loop(done_event, **_):
+        def feed():
+            time.sleep(0.3)
+            finished.append(True)
+
+        threading.Thread(target=feed, name="QueueFeederThread", daemon=True).start()
+
+    monkeypatch.setattr(_torch_internals._utils.worker, "_worker_loop", loop)
+    done = threading.Event()
+    _torch_internals.run_worker_loop({"done_event": done})
+    assert not finished  # not shutting down: multiprocessing joins the feeder itself
+    time.sleep(0.4)
+    finished.clear()
+    done.set()
+    t0 = time.monotonic()
+    _torch_internals.run_worker_loop({"done_event": done})
+    assert finished and time.monotonic() - t0 < _torch_internals.FEEDER_PATIENCE_S
+
+
 def test_torch_internals_reject_other_versions():
     with pytest.raises(_torch_internals.UnsupportedTorchError, match="supports torch"):
         _torch_internals.check_supported("2.99.0")
