@@ -65,9 +65,6 @@ __all__ = ["ParallelStartDataLoader", "WorkerStartError", "WorkerFailedError", "
 
 #: how long a worker torch reported dead may take to be reaped, so its exit code (the signal) is known
 EXIT_CODE_PATIENCE_S = 2.0
-#: how often a wait for data checks that every worker is alive (torch: every 5 s). A forkserver's
-#: workers are not the driver's children, so no SIGCHLD reports their death sooner.
-LIVENESS_POLL_S = 0.25
 
 
 class WorkerStartError(RuntimeError):
@@ -680,14 +677,7 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
 
     def _try_get_data(self, timeout=torch_internals.MP_STATUS_CHECK_INTERVAL):
         if self._pending is None:
-            # torch's wait, in slices: its liveness check after each one names a dead worker
-            # within LIVENESS_POLL_S instead of after the whole timeout
-            deadline = time.monotonic() + timeout
-            while True:
-                remaining = deadline - time.monotonic()
-                got = super()._try_get_data(max(min(remaining, LIVENESS_POLL_S), 0.0))
-                if got[0] or remaining <= LIVENESS_POLL_S:
-                    return got
+            return super()._try_get_data(timeout)
         owed = self._task_info.get(self._rcvd_idx)
         if owed and owed[0] >= self._pending.parallelism:
             self._pending.open_gate()  # the next batch is a gated worker's (e.g. the first ones' shards ran dry)

@@ -179,12 +179,7 @@ class WorkerstartSession:
             return
         metafunc.parametrize("ws_context", contexts, ids=[f"{check_id}-{c}" for c in contexts])
 
-    @pytest.hookimpl(trylast=True)  # after pytest's grouping by context, which group_scenarios refines
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        if not self.embedded:
-            from pytest_workerstart.harness.lookahead import group_scenarios
-
-            items[:] = group_scenarios(items)
         available = set(protocol.available_contexts())
         for item in items:
             marker = item.get_closest_marker("workerstart_check")

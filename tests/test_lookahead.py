@@ -14,7 +14,7 @@ import types
 import psutil
 import pytest
 
-from pytest_workerstart.harness.lookahead import MARKER, ScenarioLookahead, group_scenarios, planned_scenario
+from pytest_workerstart.harness.lookahead import MARKER, ScenarioLookahead, planned_scenario
 from pytest_workerstart.harness.runner import run_scenario
 from pytest_workerstart.scenarios import child_env
 
@@ -168,16 +168,3 @@ def _sleepers():
         except psutil.Error:
             continue
     return out
-
-
-def test_scenario_checks_of_a_context_run_first_and_together():
-    def plan(env):
-        return lambda: None
-
-    def item(name, ctx, planned=False):
-        return Item(f"{name}[{ctx}]", "m", plan=plan if planned else None, params={"ws_context": ctx})
-
-    items = [item("digest", "fs"), item("failure", "fs", True), item("leaks", "fs"), item("ranks", "fs", True),
-             item("digest", "sp"), item("failure", "sp", True), item("mine", None)]
-    assert [i.nodeid for i in group_scenarios(items)] == [
-        "failure[fs]", "ranks[fs]", "digest[fs]", "leaks[fs]", "failure[sp]", "digest[sp]", "mine[None]"]

@@ -116,7 +116,7 @@ def table(result: dict) -> str:
                   f"`{r['command']}`", "", "| clause | kind | " + " | ".join(r["contexts"]) + " | total s |",
                   "|---|---|" + "---|" * len(r["contexts"]) + "---|"]
         per = _by(r["cases"], lambda c: (c["id"].split(".", 1)[0], c["context"]))
-        clauses = sorted({k[0] for k in per}, key=lambda cl: -sum(v for k, v in per.items() if k[0] == cl))
+        clauses = sorted({k[0] for k in per}, key=lambda cl: (-sum(v for k, v in per.items() if k[0] == cl), cl))
         for cl in clauses:
             cells = [f"{per.get((cl, ctx), 0.0):.0f}" for ctx in r["contexts"]]
             total = sum(v for k, v in per.items() if k[0] == cl)

@@ -57,30 +57,6 @@ def run_now(item: pytest.Item, env: Any) -> Any:
     return plan(env, **_params(item, plan))()
 
 
-def _context_of(item: pytest.Item) -> Any:
-    return item.callspec.params.get("ws_context") if hasattr(item, "callspec") else None
-
-
-def group_scenarios(items: list[pytest.Item]) -> list[pytest.Item]:
-    """``items`` with the scenario checks of each run of one context's items first, in their
-    order: pytest orders by module, which leaves a module's scenario checks (the over-ranks
-    cases of ``sharding.exactly_once``) between in-process checks, where they run one at a time."""
-    out: list[pytest.Item] = []
-    block: list[pytest.Item] = []
-
-    def flush() -> None:
-        out.extend(i for i in block if plan_of(i) is not None)
-        out.extend(i for i in block if plan_of(i) is None)
-        block.clear()
-
-    for item in items:
-        if block and _context_of(item) != _context_of(block[-1]):
-            flush()
-        block.append(item)
-    flush()
-    return out
-
-
 class ScenarioLookahead:
     """The queue of one session. ``env_for(item)``: the CheckEnv a later item will
     get, or None if it will be skipped for a requirement the loader lacks."""
