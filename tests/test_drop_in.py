@@ -123,9 +123,15 @@ def _observed(exc: BaseException) -> dict:
 
 
 def _raised(loader: str, dataset, **kw) -> dict:
-    with pytest.raises(BaseException) as info:
-        for _ in _make(loader, dataset, num_workers=2, batch_size=1, **kw):
-            pass
+    """What iterating raises; again (3 tries at most) while it is torch's fd-fetch race, a
+    ConnectionError when a worker dies while the driver fetches a batch's shared-memory fd,
+    which torch and the reference (the same receiving code) both hit now and then."""
+    for _ in range(3):
+        with pytest.raises(BaseException) as info:
+            for _ in _make(loader, dataset, num_workers=2, batch_size=1, **kw):
+                pass
+        if not isinstance(info.value, ConnectionError):
+            break
     return _observed(info.value)
 
 
