@@ -7,6 +7,8 @@ exception raised by the training loop itself, and persistent workers shut
 down by deleting the loader. Batches are released before measuring: an fd
 backing a batch the test still holds is not a leak. Processes and threads have
 ``--workerstart-exit-timeout`` (default 5 s) to go once the loader is done.
+Exhaustion and early ``break`` are observed once per context for both
+``leaks.clean_exit`` and ``leaks.shm_segments`` (:func:`_ordinary_ending`).
 """
 
 import gc
@@ -15,7 +17,7 @@ import psutil
 import pytest
 
 from pytest_workerstart.fixtures.datasets import CorruptItemDataset, WorkerTagDataset
-from pytest_workerstart.probes.leaks import ShmWatch
+from pytest_workerstart.probes.leaks import LeakSnapshot, ShmWatch
 from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check
@@ -26,23 +28,51 @@ class LoopError(Exception):
     pass
 
 
+def _ordinary_ending(check_env, ending: str) -> dict:
+    """An epoch that ends by exhaustion or an early ``break`` (then ``del``), watched for both
+    ids: what the leak snapshot finds once the loader is gone, and the ``/dev/shm`` entries its
+    processes created that outlive it (removed at once: never left on the machine)."""
+    def run() -> dict:
+        exit_timeout = check_env.settings.exit_timeout
+        before = check_env.snapshot()
+        ctx = check_env.context(N)
+        batches = 0
+        with ShmWatch() as watch:
+            loader = check_env.make(WorkerTagDataset(16), num_workers=N, ctx=ctx, parallelism=check_env.parallelism(N))
+            for i, batch in enumerate(loader):
+                batches += 1
+                if ending == "early_break" and i == 1:
+                    break
+            batch = None  # noqa: F841 - the last batch goes before the loader
+            del loader
+            gc.collect()
+        watch.note(ctx.shm_at_exit())
+        shm_left = watch.left(timeout=exit_timeout)
+        report = LeakSnapshot.wait_clean(before, timeout=exit_timeout)
+        return {"batches": batches, "leaked": f"leaked {report.summary()}\n{report.format()}" if report else "",
+                "shm_seen": sorted(watch.seen), "shm_left": shm_left,
+                "shm_unlinked": len(watch.unlink_left()) if shm_left else 0}
+
+    return check_env.observe(f"an epoch ended by {ending.replace('_', ' ')}", run)
+
+
 @check("leaks.clean_exit")
 @pytest.mark.parametrize("ending", ["exhaustion", "early_break", "loop_exception", "persistent_shutdown"])
 def test_clean_exit(check_env, ending):
     if ending == "persistent_shutdown" and not check_env.loader.has("persistent_workers"):
         pytest.skip("loader does not declare capability 'persistent_workers'")
+    if ending in ("exhaustion", "early_break"):
+        got = _ordinary_ending(check_env, ending)
+        if ending == "exhaustion":
+            assert got["batches"] == 8
+        if got["leaked"]:
+            pytest.fail(f"after {ending.replace('_', ' ')}: {got['leaked']}", pytrace=False)
+        return
     before = check_env.snapshot()
     p = check_env.parallelism(N)
     kw = {"persistent_workers": True} if ending == "persistent_shutdown" else {}
     loader = check_env.make(WorkerTagDataset(16), num_workers=N, parallelism=p, **kw)
-    if ending == "exhaustion":
-        assert sum(1 for _ in loader) == 8
-    elif ending == "early_break":
-        for i, batch in enumerate(loader):
-            if i == 1:
-                break
-        del batch
-    elif ending == "loop_exception":
+    if ending == "loop_exception":
         with pytest.raises(LoopError):
             for i, batch in enumerate(loader):
                 if i == 1:
@@ -115,27 +145,26 @@ def test_shm_segments(check_env, ending):
     """Entries are attributed while the loader runs (:class:`ShmWatch`, plus what each
     worker maps as it exits): what a worker created and left is mapped by no one at
     the end, so an end snapshot misses it. A driver SIGKILL is ``failure.driver_killed``'s case."""
-    p = check_env.parallelism(N)
-    ctx = check_env.context(N)
-    with ShmWatch() as watch:
-        if ending == "worker_error":
+    if ending == "worker_error":
+        p = check_env.parallelism(N)
+        ctx = check_env.context(N)
+        with ShmWatch() as watch:
             loader = check_env.make(CorruptItemDataset(16, bad=5), num_workers=N, ctx=ctx, parallelism=p)
             with pytest.raises(ValueError, match="item 5 is corrupt"):
                 for batch in loader:
                     pass
-        else:
-            loader = check_env.make(WorkerTagDataset(16), num_workers=N, ctx=ctx, parallelism=p)
-            for i, batch in enumerate(loader):
-                if ending == "early_break" and i == 1:
-                    break
-        batch = None  # noqa: F841 - the last batch goes before the loader
-        del loader
-        gc.collect()
-    watch.note(ctx.shm_at_exit())
-    left = watch.left(timeout=check_env.settings.exit_timeout)
-    record_measurements(check_env.request.node, shm_entries_seen=sorted(watch.seen))
+            batch = None  # noqa: F841 - the last batch goes before the loader
+            del loader
+            gc.collect()
+        watch.note(ctx.shm_at_exit())
+        left = watch.left(timeout=check_env.settings.exit_timeout)
+        got = {"shm_seen": sorted(watch.seen), "shm_left": left,
+               "shm_unlinked": len(watch.unlink_left()) if left else 0}
+    else:
+        got = _ordinary_ending(check_env, ending)
+    record_measurements(check_env.request.node, shm_entries_seen=got["shm_seen"])
+    left = got["shm_left"]
     if left:
-        unlinked = watch.unlink_left()
         pytest.fail(f"{len(left)} /dev/shm entr{'y' if len(left) == 1 else 'ies'} created by the loader's processes "
                     f"outlived it by {check_env.settings.exit_timeout:.0f} s after {ending.replace('_', ' ')} "
-                    f"(unlinked by the suite: {len(unlinked)}): {', '.join(left)}", pytrace=False)
+                    f"(unlinked by the suite: {got['shm_unlinked']}): {', '.join(left)}", pytrace=False)

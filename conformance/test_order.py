@@ -99,7 +99,6 @@ def test_worker_seeds(check_env):
     seen[check_env.context_name] = serial
 
 
-STREAMS = pytest.StashKey[dict]()
 TRUTHS = pytest.StashKey[dict]()
 #: torch's own streams are computed once per session, in a process forked from the zygote
 TRUTH_TIMEOUT_S = 120.0
@@ -114,13 +113,10 @@ def _observe(check_env, run: epochs.Run) -> epochs.Stream:
 
 def _streams(check_env) -> dict[epochs.Run, epochs.Stream]:
     """Every run of :func:`epochs.plan` in this context, observed once for both ids that judge them."""
-    cache = check_env.request.config.stash.setdefault(STREAMS, {})
-    key = (check_env.loader.spec, check_env.context_name)
-    if key not in cache:
-        runs = epochs.plan(parallel=check_env.parallel_start_here, iterable=check_env.loader.has("iterable_dataset"),
-                           persistent=check_env.loader.has("persistent_workers"))
-        cache[key] = {run: _observe(check_env, run) for run in runs}
-    return cache[key]
+    runs = epochs.plan(parallel=check_env.parallel_start_here, iterable=check_env.loader.has("iterable_dataset"),
+                       persistent=check_env.loader.has("persistent_workers"))
+    return check_env.observe(f"{epochs.EPOCHS} epochs of each configuration",
+                             lambda: {run: _observe(check_env, run) for run in runs}, *runs)
 
 
 def _truths(check_env, runs) -> dict[tuple, epochs.Stream] | None:

@@ -16,9 +16,9 @@ Each item carries the pid of the worker that computed it
 every worker has delivered a batch is measured from the test's side.
 
 Two rounds, and a third only where it could change a decision
-(:func:`~pytest_workerstart.speed_judge.undecided`): a loader far from every bound is
-judged in two, with the decision three would give. All comparisons are ratios of
-medians measured side by side in this run; the
+(:func:`~pytest_workerstart.speed_judge.undecided`), of the configurations the undecided
+ids read: a loader far from every bound is judged in two, with the decision three would
+give. All comparisons are ratios of medians measured side by side in this run; the
 startup threshold is derived from the measured boot cost and the usable cores
 (:func:`~pytest_workerstart.probes.timing.derived_startup_threshold`), unless
 ``--workerstart-min-speedup`` sets it. Spawn only: the clause is about boots
@@ -37,7 +37,7 @@ import pytest
 from pytest_workerstart import scenarios
 from pytest_workerstart.probes import foreign_cpu
 from pytest_workerstart.probes.timing import run_trials, usable_cores
-from pytest_workerstart.speed_judge import memory_problems, startup_problems, steady_problems, undecided
+from pytest_workerstart.speed_judge import READS, memory_problems, startup_problems, steady_problems, undecided
 from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check
@@ -59,6 +59,11 @@ def _judges(check_env) -> dict:
         "speed.steady_state": lambda m: steady_problems(m, num_workers=N),
         "speed.memory": lambda m: memory_problems(m, num_workers=N),
     }
+
+
+def _wanted(m: dict, judges: dict) -> set[str]:
+    """The configurations a third round runs: those read by an id whose decision it could change."""
+    return {config for check_id in undecided(m, judges) for config in READS[check_id]}
 
 
 def _series(raw: dict) -> dict:
@@ -92,7 +97,7 @@ def _measure(check_env) -> dict:
                 judges = _judges(check_env)
                 with foreign_cpu.ForeignCPU() as during:
                     raw = run_trials(configs, MAX_TRIALS, timeout=300, env=scenarios.child_env(), warm=True,
-                                     enough=lambda raw: not undecided(_series(raw), judges), min_trials=MIN_TRIALS)
+                                     wanted=lambda raw: _wanted(_series(raw), judges), min_trials=MIN_TRIALS)
             except RuntimeError as exc:
                 _CACHE[key] = {"error": str(exc)}
             else:

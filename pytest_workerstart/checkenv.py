@@ -192,9 +192,7 @@ class CheckEnv:
             return value
         try:
             value = fn()
-        except pytest.skip.Exception:
-            raise
-        except (Exception, pytest.fail.Exception) as exc:
+        except (Exception, pytest.fail.Exception) as exc:  # a skip is not a failed run: not cached
             line = (str(exc).strip().splitlines() or [""])[0][:300]
             cache[full] = (self.request.node.nodeid, "failed", f"{type(exc).__name__}: {line}")
             raise

@@ -98,5 +98,7 @@ def test_plan_covers_workers_persistence_parallelism_and_a_second_seed():
     # the p = 1 twin is persistent: the parallelism judge has a pair, at one start's cost
     (a, b), = epochs._twins(dict.fromkeys(runs), "parallelism")
     assert a.persistent and b.persistent
+    # one sharded iterable run with workers, persistent where declared
+    assert [r.persistent for r in runs if r.kind == "iterable" and r.num_workers] == [True]
     plain = epochs.plan(parallel=False, iterable=False, persistent=False)
     assert all(r.parallelism is None and not r.persistent and r.kind == "map" for r in plain)

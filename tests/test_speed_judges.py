@@ -198,8 +198,12 @@ def test_trials_stop_after_the_rounds_the_rule_asks_for(monkeypatch):
 
     monkeypatch.setattr(timing, "run_scenario", fake)
     configs = {n: {"name": n} for n in ("w1", "p1", "pN")}
-    timing.run_trials(configs, 3, enough=lambda raw: True, min_trials=2)
+    timing.run_trials(configs, 3, wanted=lambda raw: (), min_trials=2)
     assert ran == ["w1", "p1", "pN", "pN", "p1", "w1"]
     ran.clear()
-    timing.run_trials(configs, 3, enough=lambda raw: False, min_trials=2)
+    timing.run_trials(configs, 3, wanted=lambda raw: configs, min_trials=2)
     assert len(ran) == 9
+    ran.clear()
+    # a third round of what an undecided id reads, in that round's alternated order
+    timing.run_trials(configs, 3, wanted=lambda raw: {"p1", "pN"}, min_trials=2)
+    assert ran == ["w1", "p1", "pN", "pN", "p1", "w1", "p1", "pN"]

@@ -56,7 +56,11 @@ class Run:
 def plan(*, parallel: bool, iterable: bool, persistent: bool) -> list[Run]:
     """The runs one context is observed in: num_workers 0 and N, with and without persistent
     workers, p = N where parallel start is declared and its p = 1 twin (persistent workers where
-    declared: one start instead of one per epoch), and a second generator seed."""
+    declared: one start instead of one per epoch), and a second generator seed.
+
+    The sharded iterable runs once with workers, in the last life: a fresh start per epoch
+    reseeds every worker the same way for either kind of dataset, which the map-style run
+    without persistent workers already observes."""
     ps = [1, WORKERS] if parallel else [None]
     kinds = ["map", "iterable"] if iterable else ["map"]
     lives = [False, True] if persistent else [False]
@@ -64,7 +68,8 @@ def plan(*, parallel: bool, iterable: bool, persistent: bool) -> list[Run]:
     if parallel:
         runs.append(Run("map", lives[-1], WORKERS, parallelism=1))
     runs += [Run("map", life, WORKERS, parallelism=ps[-1]) for life in lives]
-    runs += [Run("iterable", life, WORKERS, parallelism=ps[-1]) for life in lives if iterable]
+    if iterable:
+        runs.append(Run("iterable", lives[-1], WORKERS, parallelism=ps[-1]))
     runs.append(Run("map", persistent, WORKERS, SEEDS[1], parallelism=ps[-1]))
     return runs
 

@@ -16,7 +16,7 @@ import gc
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from pytest_workerstart.harness.runner import run_scenario
@@ -280,37 +280,44 @@ def paired_ratio(numerator: Sequence[float | None], denominator: Sequence[float 
 def run_trials(configs: dict[str, dict], trials: int, timeout: float = 600.0,
                progress: Callable[[str], None] | None = None, keep_going: bool = False,
                env: dict[str, str] | None = None, warm: bool = False,
-               enough: Callable[[dict[str, list[dict]]], bool] | None = None,
+               wanted: Callable[[dict[str, list[dict]]], Collection[str]] | None = None,
                min_trials: int | None = None) -> dict[str, list[dict]]:
     """Run ``trial`` for every configuration, alternated, each in a fresh process.
 
     A failed trial raises, or with ``keep_going`` is recorded as ``{"error": ...}``.
     ``warm``: each trial's driver is forked from the zygote (a fresh process, workers
     and all, without the driver's own import of torch, which no measured span includes).
-    ``enough``: a sequential stopping rule, asked after each round (every configuration
-    once) from ``min_trials`` rounds on: True ends the measurement before ``trials`` rounds.
+    ``wanted``: a sequential stopping rule, asked before each round after ``min_trials``
+    rounds: the configurations that round must run (the others are left out of it; none
+    ends the measurement before ``trials`` rounds).
     A trial's process ends without the interpreter's teardown once its result is written:
     nothing is measured after its loader is gone.
     """
     results: dict[str, list[dict]] = {name: [] for name in configs}
-    order = alternated(list(configs), trials)
     per_round = len(configs)
-    for i, name in enumerate(order, 1):
-        res = run_scenario(f"{__name__}:trial", configs[name], timeout=timeout, env=env, measuring=True, warm=warm)
-        if res.status != "ok":
-            if not keep_going:
-                raise RuntimeError(f"trial {i} ({name}) failed: {res.details()}")
-            results[name].append({"error": res.one_line(), "details": res.details()[-2000:]})
+    total = per_round * trials
+    done = 0
+    for r in range(trials):
+        names = alternated(list(configs), r + 1)[per_round * r:]
+        if wanted is not None and r >= (min_trials or trials):
+            need = set(wanted(results))
+            if not need:
+                break
+            names = [n for n in names if n in need]
+            total -= per_round - len(names)
+        for name in names:
+            done += 1
+            res = run_scenario(f"{__name__}:trial", configs[name], timeout=timeout, env=env, measuring=True, warm=warm)
+            if res.status != "ok":
+                if not keep_going:
+                    raise RuntimeError(f"trial {done} ({name}) failed: {res.details()}")
+                results[name].append({"error": res.one_line(), "details": res.details()[-2000:]})
+                if progress:
+                    progress(f"trial {done}/{total} {name}: FAILED: {res.one_line()}")
+                continue
+            results[name].append(res.value)
             if progress:
-                progress(f"trial {i}/{len(order)} {name}: FAILED: {res.one_line()}")
-            continue
-        results[name].append(res.value)
-        if progress:
-            progress(f"trial {i}/{len(order)} {name}: first batch {res.value['time_to_first_batch_s']:.2f} s")
-        done_rounds, rest = divmod(i, per_round)
-        if enough is not None and not rest and done_rounds >= (min_trials or trials) and i < len(order) \
-                and enough(results):
-            break
+                progress(f"trial {done}/{total} {name}: first batch {res.value['time_to_first_batch_s']:.2f} s")
     return results
 
 
