@@ -27,6 +27,7 @@ from pytest_workerstart.probes.faults import (
     exception_chain,
     position_to_worker,
 )
+from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check
 N = 3
@@ -129,22 +130,34 @@ def _child_fault(fault: str, loader_timeout: float):
     return plan
 
 
+#: the ``timeout=`` a worker hang is asked to be noticed in, before it is raised to cover boots
+#: (:func:`pytest_workerstart.scenarios.hang_timeout`)
+HANG_TIMEOUT_S = 2.0
+
+
+def _judge_child_fault(check_env, timeout: float | None = None) -> None:
+    out = scenarios.value_of(check_env.scenario_result())
+    record_measurements(check_env.request.node, **{k: round(out[k], 2) if isinstance(out[k], float) else out[k]
+                                                   for k in scenarios.CHILD_FAULT_MEASUREMENTS if k in out})
+    scenarios.judge_child_fault(out, worker=1, timeout=timeout)
+
+
 @check("failure.child_exit_during_start")
 @planned_scenario(_child_fault("child_exit", loader_timeout=0))
 def test_child_exit_during_start(check_env):
-    scenarios.judge_child_fault(scenarios.value_of(check_env.scenario_result()), worker=1)
+    _judge_child_fault(check_env)
 
 
 @check("failure.child_killed_during_start")
 @planned_scenario(_child_fault("child_kill", loader_timeout=0))
 def test_child_killed_during_start(check_env):
-    scenarios.judge_child_fault(scenarios.value_of(check_env.scenario_result()), worker=1)
+    _judge_child_fault(check_env)
 
 
 @check("failure.child_hang_during_start")
-@planned_scenario(_child_fault("child_hang", loader_timeout=5))
+@planned_scenario(_child_fault("child_hang", loader_timeout=HANG_TIMEOUT_S))
 def test_child_hang_during_start(check_env):
-    scenarios.judge_child_fault(scenarios.value_of(check_env.scenario_result()), worker=1, timeout=5)
+    _judge_child_fault(check_env, timeout=HANG_TIMEOUT_S)
 
 
 def _interrupt_plan(env):

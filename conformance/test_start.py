@@ -15,7 +15,7 @@ from pytest_workerstart.fixtures.datasets import BigPickleDataset, UnpicklableDa
 from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check
-N = 4
+N = 3  # p in {1, 2, N} are three different bounds
 HOLD = 1.0
 
 

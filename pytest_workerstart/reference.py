@@ -65,6 +65,9 @@ __all__ = ["ParallelStartDataLoader", "WorkerStartError", "WorkerFailedError", "
 
 #: how long a worker torch reported dead may take to be reaped, so its exit code (the signal) is known
 EXIT_CODE_PATIENCE_S = 2.0
+#: under forkserver, how often a wait for data checks that every worker is alive (torch: every
+#: 5 s). A forkserver's workers are not the driver's children: no SIGCHLD reports their death.
+LIVENESS_POLL_S = 0.25
 
 
 class WorkerStartError(RuntimeError):
@@ -677,7 +680,17 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
 
     def _try_get_data(self, timeout=torch_internals.MP_STATUS_CHECK_INTERVAL):
         if self._pending is None:
-            return super()._try_get_data(timeout)
+            if self._method != "forkserver":
+                # the workers are children: torch's SIGCHLD handler names one that dies (with the
+                # signal); a liveness check that reaped it first would take that report away
+                return super()._try_get_data(timeout)
+            # torch's wait in slices: its liveness check after each names a dead worker at once
+            deadline = time.monotonic() + timeout
+            while True:
+                remaining = deadline - time.monotonic()
+                got = super()._try_get_data(max(min(remaining, LIVENESS_POLL_S), 0.0))
+                if got[0] or remaining <= LIVENESS_POLL_S:
+                    return got
         owed = self._task_info.get(self._rcvd_idx)
         if owed and owed[0] >= self._pending.parallelism:
             self._pending.open_gate()  # the next batch is a gated worker's (e.g. the first ones' shards ran dry)

@@ -155,10 +155,27 @@ def slowest_boot(recs) -> float:
                default=0.0)
 
 
+def hang_timeout(asked: float, context: str, num_workers: int, boot_cost: float) -> float:
+    """The ``timeout=`` a hang scenario gives the loader: ``asked``, raised to cover worker 0's
+    boot, which the first batch waits for and which competes with every other worker's. Under
+    spawn each boot is a fresh import: 1.5 x N of them, at the boot cost measured in this run
+    (on 2 cores with N = 3 the last healthy worker was ready 2.5-2.7 boot costs after
+    ``iter()``: N / cores rounds of boots are not enough). A forked worker (forkserver, fork) boots in a
+    fraction of one, but its scenario starts the server (an import) and slows down with the
+    same load: 0.5 x N. Too short under a load that rose since is not a false failure: the try
+    is inconclusive and runs again with twice the timeout (:func:`scenario_child_fault`)."""
+    per_worker = BOOTS_PER_WORKER_SPAWN if context == "spawn" else BOOTS_PER_WORKER_FORKED
+    return max(asked, round(per_worker * num_workers * boot_cost, 1))
+
+
 def error_bound(loader_timeout: float, max_boot: float) -> float:
     """Seconds after the last worker became ready by which a worker fault must have raised:
     the loader's ``timeout=`` (or :data:`NOTICE_S`) plus a slack of max(10 s, 2 x the slowest boot)."""
     return (loader_timeout or NOTICE_S) + max(10.0, 2 * max_boot)
+
+
+#: what a child-fault scenario reports beside its judgement (seconds; ``tries``: runs it took)
+CHILD_FAULT_MEASUREMENTS = ("loader_timeout", "tries", "elapsed", "since_ready", "max_boot", "total_s")
 
 
 def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, num_workers: int,
@@ -167,13 +184,9 @@ def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, nu
 
     under_test = rebuild(loader, context)
     if loader_timeout:
-        # The loader's timeout also covers worker 0's boot (the first batch waits for it), which
-        # competes with every other worker's. Under spawn each boot is a fresh import: at least
-        # 1.5 x N of them, at the boot cost measured in this run. A forked worker (forkserver,
-        # fork) boots in a fraction of one, but slows down with the same load: 0.5 x N.
-        per_worker = BOOTS_PER_WORKER_SPAWN if context == "spawn" else BOOTS_PER_WORKER_FORKED
-        loader_timeout = max(loader_timeout, round(per_worker * num_workers * boot_cost, 1))
+        loader_timeout = hang_timeout(loader_timeout, context, num_workers, boot_cost)
     before = LeakSnapshot.take()
+    t0 = time.monotonic()
     for tries in range(1, HANG_TRIES + 1):
         out = _child_fault_once(under_test, context, fault, worker, num_workers, parallelism, loader_timeout,
                                 boot_cost, before)
@@ -183,6 +196,7 @@ def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, nu
         # was measured (the loader timed out correctly). Inconclusive, so again with twice the timeout.
         loader_timeout = round(2 * loader_timeout, 1)
     out["tries"] = tries
+    out["total_s"] = time.monotonic() - t0
     return out
 
 

@@ -16,6 +16,9 @@ import time
 import warnings
 from typing import List  # noqa: UP035 - the spelling older annotated code uses
 
+# imported before any fork: a forked worker's first import of numpy.random can find the
+# import lock held by another thread of this process (KeyError in the child, which dies)
+import numpy.random  # noqa: F401
 import psutil
 import pytest
 import torch

@@ -428,15 +428,15 @@ def test_leaves():
 
 
 def test_one_run_judged_by_two_ids(pytester, run_suite):
-    """start.respects_bound[p4] and start.builds_all_before_start judge one run: the second names
+    """start.respects_bound[pN] and start.builds_all_before_start judge one run: the second names
     where it was made, and when that run fails, fails too, saying where, without running it again."""
-    pytester.makepyfile(failsatfour="""
+    pytester.makepyfile(failsatthree="""
         from pytest_workerstart.reference import ParallelStartDataLoader
 
-        class FailsAtFour(ParallelStartDataLoader):
+        class FailsAtThree(ParallelStartDataLoader):
             def __init__(self, *args, worker_start_parallelism=None, **kwargs):
-                if worker_start_parallelism == 4:
-                    raise RuntimeError("no four at once")
+                if worker_start_parallelism == 3:
+                    raise RuntimeError("no three at once")
                 super().__init__(*args, worker_start_parallelism=worker_start_parallelism, **kwargs)
     """)
     select = ("-k", "start.respects_bound or start.builds_all_before_start", "--workerstart-profile=full",
@@ -445,13 +445,13 @@ def test_one_run_judged_by_two_ids(pytester, run_suite):
     assert v.outcomes("start.respects_bound") == ["passed"] * 3
     assert v.outcomes("start.builds_all_before_start") == ["passed"]
     cases = {c["nodeid"]: c for c in v.data["checks"]}
-    made = next(n for n in cases if "respects_bound" in n and "p4" in n)
+    made = next(n for n in cases if "respects_bound" in n and "p3" in n)
     builds = next(c for n, c in cases.items() if "builds_all" in n)
     assert builds["measurements"]["observed_in"] == made
-    v = run_suite(*select, "--workerstart-loader=failsatfour:FailsAtFour", "--workerstart-preflight=false")
+    v = run_suite(*select, "--workerstart-loader=failsatthree:FailsAtThree", "--workerstart-preflight=false")
     by_case = {c["nodeid"]: c for c in v.data["checks"]}
-    assert by_case[made]["outcome"] == "failed" and "no four at once" in by_case[made]["reason"]
+    assert by_case[made]["outcome"] == "failed" and "no three at once" in by_case[made]["reason"]
     builds = next(c for n, c in by_case.items() if "builds_all" in n)
     assert builds["outcome"] == "failed" and f"failed in {made}" in builds["reason"] \
-        and "no four at once" in builds["reason"], builds["reason"]
+        and "no three at once" in builds["reason"], builds["reason"]
     assert sorted(c["outcome"] for n, c in by_case.items() if "respects_bound" in n) == ["failed", "passed", "passed"]
