@@ -28,30 +28,38 @@ class LoopError(Exception):
     pass
 
 
+def _watch_shm(check_env, epoch) -> dict:
+    """``epoch(ctx)`` builds a loader on ``ctx``, runs it and drops it, under a :class:`ShmWatch`:
+    the ``/dev/shm`` entries its processes created, and those that outlive it (removed at once:
+    never left on the machine)."""
+    ctx = check_env.context(N)
+    with ShmWatch() as watch:
+        epoch(ctx)
+        gc.collect()
+    watch.note(ctx.shm_at_exit())
+    left = watch.left(timeout=check_env.settings.exit_timeout)
+    return {"shm_seen": sorted(watch.seen), "shm_left": left,
+            "shm_unlinked": len(watch.unlink_left()) if left else 0}
+
+
 def _ordinary_ending(check_env, ending: str) -> dict:
-    """An epoch that ends by exhaustion or an early ``break`` (then ``del``), watched for both
-    ids: what the leak snapshot finds once the loader is gone, and the ``/dev/shm`` entries its
-    processes created that outlive it (removed at once: never left on the machine)."""
+    """An epoch that ends by exhaustion or an early ``break`` (then ``del``), observed for both
+    ids: its ``/dev/shm`` entries, and what the leak snapshot finds once the loader is gone."""
     def run() -> dict:
-        exit_timeout = check_env.settings.exit_timeout
         before = check_env.snapshot()
-        ctx = check_env.context(N)
-        batches = 0
-        with ShmWatch() as watch:
+        served = []
+
+        def epoch(ctx) -> None:
             loader = check_env.make(WorkerTagDataset(16), num_workers=N, ctx=ctx, parallelism=check_env.parallelism(N))
-            for i, batch in enumerate(loader):
-                batches += 1
+            for i, _batch in enumerate(loader):
+                served.append(i)
                 if ending == "early_break" and i == 1:
                     break
-            batch = None  # noqa: F841 - the last batch goes before the loader
-            del loader
-            gc.collect()
-        watch.note(ctx.shm_at_exit())
-        shm_left = watch.left(timeout=exit_timeout)
-        report = LeakSnapshot.wait_clean(before, timeout=exit_timeout)
-        return {"batches": batches, "leaked": f"leaked {report.summary()}\n{report.format()}" if report else "",
-                "shm_seen": sorted(watch.seen), "shm_left": shm_left,
-                "shm_unlinked": len(watch.unlink_left()) if shm_left else 0}
+
+        got = _watch_shm(check_env, epoch)
+        report = LeakSnapshot.wait_clean(before, timeout=check_env.settings.exit_timeout)
+        leaked = f"leaked {report.summary()}\n{report.format()}" if report else ""
+        return {**got, "batches": len(served), "leaked": leaked}
 
     return check_env.observe(f"an epoch ended by {ending.replace('_', ' ')}", run)
 
@@ -146,20 +154,14 @@ def test_shm_segments(check_env, ending):
     worker maps as it exits): what a worker created and left is mapped by no one at
     the end, so an end snapshot misses it. A driver SIGKILL is ``failure.driver_killed``'s case."""
     if ending == "worker_error":
-        p = check_env.parallelism(N)
-        ctx = check_env.context(N)
-        with ShmWatch() as watch:
-            loader = check_env.make(CorruptItemDataset(16, bad=5), num_workers=N, ctx=ctx, parallelism=p)
+        def epoch(ctx) -> None:
+            loader = check_env.make(CorruptItemDataset(16, bad=5), num_workers=N, ctx=ctx,
+                                    parallelism=check_env.parallelism(N))
             with pytest.raises(ValueError, match="item 5 is corrupt"):
-                for batch in loader:
+                for _batch in loader:
                     pass
-            batch = None  # noqa: F841 - the last batch goes before the loader
-            del loader
-            gc.collect()
-        watch.note(ctx.shm_at_exit())
-        left = watch.left(timeout=check_env.settings.exit_timeout)
-        got = {"shm_seen": sorted(watch.seen), "shm_left": left,
-               "shm_unlinked": len(watch.unlink_left()) if left else 0}
+
+        got = _watch_shm(check_env, epoch)
     else:
         got = _ordinary_ending(check_env, ending)
     record_measurements(check_env.request.node, shm_entries_seen=got["shm_seen"])
