@@ -23,7 +23,7 @@ from pytest_workerstart.fixtures.datasets import AugmentedDataset, NestedMapData
 from pytest_workerstart.probes.digest import batch_digest, in_process_truth
 
 check = pytest.mark.workerstart_check
-N = 2  # workers: batch k from worker k mod N is judged with 2 as with more
+N = 3
 K = 3  # batches compared with torch's
 DIGESTS = pytest.StashKey[dict]()
 
