@@ -295,10 +295,11 @@ def run_trials(configs: dict[str, dict], trials: int, timeout: float = 600.0,
     """
     results: dict[str, list[dict]] = {name: [] for name in configs}
     per_round = len(configs)
-    total = per_round * trials
+    order = alternated(list(configs), trials)
+    total = len(order)
     done = 0
     for r in range(trials):
-        names = alternated(list(configs), r + 1)[per_round * r:]
+        names = order[per_round * r:per_round * (r + 1)]
         if wanted is not None and r >= (min_trials or trials):
             need = set(wanted(results))
             if not need:
