@@ -68,6 +68,8 @@ EXIT_CODE_PATIENCE_S = 2.0
 #: under forkserver, how often a wait for data checks that every worker is alive (torch: every
 #: 5 s). A forkserver's workers are not the driver's children: no SIGCHLD reports their death.
 LIVENESS_POLL_S = 0.25
+#: how long shutdown waits for a closed index queue's feeder thread to flush and end
+FEEDER_JOIN_S = 1.0
 
 
 class WorkerStartError(RuntimeError):
@@ -528,6 +530,18 @@ def _join_started(t: threading.Thread, patience: float = 1.0) -> None:
             time.sleep(0.01)
 
 
+def _join_feeders(queues) -> None:
+    """Wait for the feeder threads of closed queues. A feeder still running when the
+    interpreter exits releases its queue's semaphores as a daemon thread: killed
+    mid-finalizer, it leaves a name unlinked but registered (the resource tracker
+    warns of a leaked semaphore) or not unlinked at all (a leak)."""
+    deadline = time.monotonic() + FEEDER_JOIN_S
+    for q in queues:
+        feeder = getattr(q, "_thread", None)  # multiprocessing.Queue's; None: it never sent
+        if feeder is not None:
+            feeder.join(max(0.0, deadline - time.monotonic()))
+
+
 def _stop_launches(launches, done_event) -> None:
     """Stop and join every started process and close every queue."""
     done_event.set()
@@ -545,6 +559,7 @@ def _stop_launches(launches, done_event) -> None:
         q.close()
         if w._popen is not None:
             w.close()
+    _join_feeders(q for q, _ in launches)
 
 
 class _ParallelStartIter(torch_internals.MultiProcessingIter):
@@ -618,9 +633,11 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         if not self._shutdown:
             torch_internals.unregister_worker_pids(self)
         self._halt_starts()
+        queues = list(self._index_queues)
         try:
-            super()._shutdown_workers()
+            super()._shutdown_workers()  # closes the index queues without waiting for their feeders
         finally:
+            _join_feeders(queues)
             _LIVE_INDEX_QUEUES.pop(id(self), None)
             if getattr(self, "_server", None) is not None:
                 private_forkserver.reap_retired()  # a replaced server exits with its last worker
