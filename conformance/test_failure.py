@@ -75,7 +75,7 @@ def test_parent_start_error(check_env, position):
         if not isinstance(held.exc, InjectedStartError):
             _assert_names_worker(held.exc, k)
         del chain
-        check_env.assert_clean_around(before, held, f"start of worker {k} failed (p={p})")
+        check_env.assert_clean_around(before, held, f"start of worker {k} failed (p={p})", N, ctx)
         del loader
 
 
@@ -83,13 +83,14 @@ def test_parent_start_error(check_env, position):
 def test_worker_init_error(check_env, tmp_path):
     k = 1
     before = check_env.snapshot()
-    loader = check_env.make(WorkerTagDataset(12), num_workers=N, parallelism=check_env.parallelism(N),
+    ctx = check_env.context(N)
+    loader = check_env.make(WorkerTagDataset(12), num_workers=N, ctx=ctx, parallelism=check_env.parallelism(N),
                             worker_init_fn=FaultPlan.worker_init_fn(k))
     held = check_env.run_expecting_failure(lambda loader=loader: batches_of(loader))
     assert any(isinstance(e, InjectedWorkerInitError) or "InjectedWorkerInitError" in str(e)
                for e in exception_chain(held.exc)), f"the worker_init_fn error did not surface: {held.exc!r}"
     _assert_names_worker(held.exc, k)
-    held.release()
+    check_env.release_held(held, N, ctx)
     del loader
     check_env.assert_clean(before, f"worker_init_fn of worker {k} raised")
 
@@ -111,7 +112,7 @@ def test_retry_after_failure(check_env, failure, tmp_path):
         loader = check_env.make(ds, num_workers=N, ctx=ctx, parallelism=p,
                          worker_init_fn=FaultPlan.worker_init_fn(k, once_path=str(tmp_path / "fired")))
     held = check_env.run_expecting_failure(lambda: batches_of(loader))
-    held.release()
+    check_env.release_held(held, N, ctx)
     ctx.begin_generation()
     got = [int(i) for b in batches_of(loader) for i in b["index"]]
     assert got == truth, f"after a {failure}, a fresh iter() gave {got[:8]}... instead of the truth {truth[:8]}..."

@@ -26,6 +26,10 @@ T = TypeVar("T")
 OBSERVATIONS = pytest.StashKey[dict]()
 
 
+#: the step that releases a held error (the loader's shutdown after it failed)
+RELEASE_STEP = "the shutdown after the error was released"
+
+
 class HeldException:
     """An exception kept referenced (as ``pytest.raises`` would) until released."""
 
@@ -62,8 +66,10 @@ class CheckEnv:
     shutdown_failure: StepAborted | None = None
 
     # --- bounded steps -------------------------------------------------------
-    def step(self, name: str, fn: Callable[[], Any], num_workers: int, ctx: InstrumentedContext | None):
-        """Run one step that waits on the loader under its deadline.
+    def step(self, name: str, fn: Callable[[], Any], num_workers: int, ctx: InstrumentedContext | None,
+             timeout: float | None = None):
+        """Run one step that waits on the loader under its deadline (``timeout``, else the step
+        deadline for ``num_workers``).
 
         On expiry the check fails with the driver's and the workers' stacks,
         naming the step, and the workers this context started are killed.
@@ -76,7 +82,8 @@ class CheckEnv:
         self.raise_shutdown_failure()  # the check ends at its first hung shutdown, not one bound per iterator
 
         try:
-            with deadline(name, self.step_timeout(num_workers), on_expiry=stacks, guard=self.memory_guard()):
+            bound = self.step_timeout(num_workers) if timeout is None else timeout
+            with deadline(name, bound, on_expiry=stacks, guard=self.memory_guard()):
                 return fn()
         except StepAborted as exc:
             self.last_step_error = (name, id(exc), exc.kind)
@@ -107,6 +114,16 @@ class CheckEnv:
             pending = pending or exc.with_traceback(None)  # its frames would keep the loader's iterator alive
         finally:
             self.shutdown_failure = pending
+
+    def release_held(self, held: HeldException, num_workers: int, ctx: InstrumentedContext | None = None) -> None:
+        """Release a held error as a bounded step: the loader's shutdown that follows (often
+        from the cyclic garbage collector: a traceback holds the iterator) gets the failure
+        patience, as every wait after a failure does. Not counted by the circuit breaker:
+        the patience, not a step deadline, bounds it."""
+        try:
+            self.step(RELEASE_STEP, held.release, num_workers, ctx, timeout=self.leak_patience)
+        finally:
+            self.last_step_error = None
 
     def raise_shutdown_failure(self) -> None:
         """Fail the check if an iterator's shutdown hung: a loader that does not shut down has not passed."""
@@ -234,7 +251,8 @@ class CheckEnv:
         if report:
             pytest.fail(f"{what}: leaked {report.summary()}\n{report.format()}", pytrace=False)
 
-    def assert_clean_around(self, before: LeakSnapshot, held: HeldException, what: str) -> LeakReport:
+    def assert_clean_around(self, before: LeakSnapshot, held: HeldException, what: str, num_workers: int = 0,
+                            ctx: InstrumentedContext | None = None) -> LeakReport:
         """The failure-path leak contract.
 
         While the exception is held: no live or zombie child, no extra thread.
@@ -247,7 +265,7 @@ class CheckEnv:
         if live:
             pytest.fail(f"{what}: while the exception is held: {live.summary()}\n{live.format()}", pytrace=False)
         while_held = before.diff(LeakSnapshot.take())
-        held.release()
+        self.release_held(held, num_workers, ctx)
         self.assert_clean(before, f"{what}: after the exception was released")
         held_only = while_held.only(("fds", "shm"))
         if held_only:

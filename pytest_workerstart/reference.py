@@ -413,13 +413,16 @@ def _worker_main(token, loop_kwargs) -> None:
     torch_internals.run_worker_loop(loop_kwargs)
 
 
-#: Index queues of live iterators, held outside any reference cycle.
+#: What live iterators share with their workers (index queues, result queue, done
+#: event), held outside any reference cycle until their shutdown returns.
 #: Why: an iterator kept alive by a held exception dies in the cyclic gc, which
-#: runs the queues' weakref finalizers (stopping their feeder threads) *before*
-#: the iterator's ``__del__`` puts the ``None`` that tells workers to exit, so
-#: every worker waited out torch's 5 s join (stock torch: 15 s for 3 workers).
-#: Held here, the queues are not garbage in that pass and the ``None`` arrives.
-_LIVE_INDEX_QUEUES: dict[int, list] = {}
+#: runs these objects' weakref finalizers *before* the iterator's ``__del__``:
+#: the index queues' feeders stop before the ``None`` that tells workers to exit
+#: is sent (every worker then waits out torch's 5 s join: stock torch, 15 s for 3
+#: workers), and the semaphores are unlinked while a spawn worker still booting has
+#: yet to unpickle them (it dies with ``FileNotFoundError`` on stderr). Held here,
+#: they are not garbage in that pass.
+_LIVE_IPC: dict[int, tuple] = {}
 
 
 class _Launcher:
@@ -595,7 +598,7 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
             self._abandon()
             self._forget(exc)  # _launch's frame has finished by now: drop its locals too
             raise
-        _LIVE_INDEX_QUEUES[id(self)] = list(self._index_queues)
+        _LIVE_IPC[id(self)] = (list(self._index_queues), self._worker_result_queue, self._workers_done_event)
         try:
             if self._pin_memory:
                 torch_internals.start_pin_memory_thread(self)
@@ -638,7 +641,7 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
             super()._shutdown_workers()  # closes the index queues without waiting for their feeders
         finally:
             _join_feeders(queues)
-            _LIVE_INDEX_QUEUES.pop(id(self), None)
+            _LIVE_IPC.pop(id(self), None)
             if getattr(self, "_server", None) is not None:
                 private_forkserver.reap_retired()  # a replaced server exits with its last worker
 
