@@ -18,6 +18,7 @@ IDS = sorted(repro.available())
 LOADERS = {TORCH: 1, "pytest_workerstart.reference:ParallelStartDataLoader": 0}
 #: scripts that take a context (their default is spawn): torch fails each in the one named, at the cost of no boot
 CONTEXT = {"failure.child_hang_during_start": "fork", "failure.child_killed_during_start": "fork",
+           "failure.worker_init_error": "fork",
            "failure.interrupt_during_start": "fork"}
 
 
