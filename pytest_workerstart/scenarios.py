@@ -254,8 +254,8 @@ def _child_fault_once(under_test, context: str, fault: str, worker: int, num_wor
         len(healthy) < num_workers - 1 or any(t is None or t - t0 > loader_timeout for t in healthy.values())))
     chain = describe_chain(error) if error is not None else []
     live = LeakSnapshot.wait_clean(before, timeout=patience(boot_cost), kinds=("processes", "threads"))
+    _stop_if_failed(live, ctx)  # before the error goes: its release starts the loader's shutdown
     error = None
-    _stop_if_failed(live, ctx)
     del dl
     gc.collect()
     after = LeakSnapshot.wait_clean(before, timeout=patience(boot_cost)) if not live else None
@@ -376,8 +376,8 @@ def scenario_interrupt(loader: dict, context: str, worker: int, num_workers: int
     detail = "".join(__import__("traceback").format_exception(holder[0]))[-3000:] if holder else ""
     live = LeakSnapshot.wait_clean(before, timeout=patience(boot_cost), kinds=("processes", "threads"))
     while_held = before.diff(LeakSnapshot.take())
+    _stop_if_failed(live, ctx)  # before the error goes: its release starts the loader's shutdown
     holder.clear()
-    _stop_if_failed(live, ctx)
     del dl
     gc.collect()
     after = LeakSnapshot.wait_clean(before, timeout=patience(boot_cost)) if not live else None
