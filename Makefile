@@ -96,15 +96,17 @@ bench-epochs: $(STAMP)
 
 # The suite's own time to verdict (docs/bench/suite.md): one `pytest --workerstart` run per
 # loader and profile, timed from outside, with where each run's time went.
-# The full profile of torch and torchdata takes 15-20 min each here:
-# `make bench-suite SUITE_FULL_LOADERS="reference torch torchdata"`.
+# The full profile of torch and torchdata takes 6-8 min each here:
+# `make bench-suite SUITE_FULL_LOADERS="reference torch torchdata"`. SUITE_VERDICTS=DIR keeps
+# each full run's verdict file (DIR/LOADER-full.json), e.g. to publish them in docs/results.
 SUITE_LOADERS      ?= reference torch torchdata
 SUITE_FULL_LOADERS ?= reference
+SUITE_VERDICTS     ?=
 bench-suite: $(STAMP)
 	$(BENCH) suite --loader $(SUITE_LOADERS) --profile quick --label "$(BENCH_LABEL)" \
 	    --json docs/bench/suite-quick.json > /dev/null
 	$(BENCH) suite --loader $(SUITE_FULL_LOADERS) --profile full --label "$(BENCH_LABEL)" \
-	    --json docs/bench/suite-full.json > /dev/null
+	    --json docs/bench/suite-full.json $(if $(SUITE_VERDICTS),--verdicts $(SUITE_VERDICTS)) > /dev/null
 	$(BENCH) suite-table docs/bench/suite-quick.json docs/bench/suite-full.json > docs/bench/suite.md
 
 # tox (virtualenv) does not resolve pyenv shims: put each pyenv version's bin/ on PATH.

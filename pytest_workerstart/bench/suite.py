@@ -40,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
                    help="passed to every run, e.g. --pytest-arg=--workerstart-context=fork")
     p.add_argument("--label", default="", help="a description of the machine")
     p.add_argument("--json", dest="json_out", required=True, metavar="OUT")
+    p.add_argument("--verdicts", metavar="DIR", default=None,
+                   help="also keep each run's verdict file as DIR/LOADER-PROFILE.json (e.g. to publish the "
+                        "full-profile verdicts the timed runs gave)")
     return p
 
 
@@ -49,8 +52,9 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_one(loader: str, profile: str, extra: list[str], progress) -> dict:
-    """One suite run; its timings, outcome counts and per-case durations."""
+def run_one(loader: str, profile: str, extra: list[str], progress, keep: Path | None = None) -> dict:
+    """One suite run; its timings, outcome counts and per-case durations (``keep``: a directory
+    that gets the run's verdict file)."""
     with tempfile.TemporaryDirectory(prefix="workerstart-bench-suite-") as d:
         verdict_path = Path(d) / "verdict.json"
         shown = ["pytest", "-p", "no:cacheprovider", "-q", "--workerstart", f"--workerstart-loader={loader}",
@@ -64,6 +68,9 @@ def run_one(loader: str, profile: str, extra: list[str], progress) -> dict:
         if not verdict_path.exists():
             raise RuntimeError(f"{loader} {profile}: no verdict (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
         verdict = json.loads(verdict_path.read_text())
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            (keep / f"{Path(loader).name.replace(':', '-')}-{profile}.json").write_bytes(verdict_path.read_bytes())
     cases = [{"id": c["id"], "context": c.get("context"), "outcome": c["outcome"],
               "duration_s": c.get("duration_s") or 0.0} for c in verdict["checks"]]
     progress(f"{loader} {profile}: {wall:.0f} s wall, {cpu:.0f} s CPU, exit {proc.returncode}")
@@ -83,7 +90,9 @@ def main(argv: list[str]) -> int:
 
     from pytest_workerstart.probes.cores import usable_cores
 
-    runs = [run_one(loader, profile, args.pytest_arg, progress) for loader in args.loader for profile in args.profile]
+    keep = Path(args.verdicts) if args.verdicts else None
+    runs = [run_one(loader, profile, args.pytest_arg, progress, keep)
+            for loader in args.loader for profile in args.profile]
     out = {"label": args.label, "machine": {"cores": usable_cores(), "python": platform.python_version(),
                                             "when": time.strftime("%Y-%m-%d %H:%M")}, "runs": runs}
     Path(args.json_out).write_text(json.dumps(out, indent=1))
