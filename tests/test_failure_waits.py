@@ -67,3 +67,39 @@ def test_tries_are_bounded_and_the_last_is_judged(monkeypatch):
 def test_an_inconclusive_try_that_leaked_is_judged_on_its_leak(monkeypatch):
     out, tried = _run(monkeypatch, [dict(BOOTING, live_while_held="pid 1 alive"), JUDGED])
     assert tried == [5] and out["live_while_held"]
+
+
+class _SlowToRelease:
+    """An error whose release (a stand-in for the loader's shutdown) takes ``seconds``."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def release(self):
+        import time
+
+        time.sleep(self.seconds)
+
+
+def _env(monkeypatch):
+    from pytest_workerstart.checkenv import CheckEnv
+
+    monkeypatch.setattr(leaks, "PATIENCE_FLOOR_S", 0.5)  # the bound, shortened for the test
+    settings = types.SimpleNamespace(memory_limit=None)
+    return CheckEnv("fork", None, settings, None, step_timeout=lambda n: 60.0, boot_cost=lambda: 0.0)
+
+
+def test_releasing_an_error_is_bounded_by_the_patience_and_names_the_step(monkeypatch):
+    import time
+
+    from pytest_workerstart.checkenv import RELEASE_STEP
+    from pytest_workerstart.probes.deadline import StepTimeout
+
+    env = _env(monkeypatch)
+    t0 = time.monotonic()
+    with pytest.raises(StepTimeout, match=RELEASE_STEP) as got:
+        env.release_held(_SlowToRelease(30), num_workers=2)
+    assert time.monotonic() - t0 < 5 and got.value.seconds == pytest.approx(0.5)
+    # the patience bounds it, not a step deadline: the circuit breaker does not count it
+    assert env.last_step_error is None and env.failure_signature(got.value) is None
+    env.release_held(_SlowToRelease(0.0), num_workers=2)  # within the bound: nothing to say
