@@ -233,3 +233,35 @@ def test_resolving_the_reference_checks_torch(monkeypatch):
     monkeypatch.setattr(_torch_internals, "SUPPORTED_TORCH", ((2, 99), (3, 0)))
     with pytest.raises(protocol.SpecError, match="built-in loader 'reference': .*supports torch >=2.99"):
         protocol.resolve("reference")
+
+
+def _feeders() -> set[int]:
+    import threading
+
+    return {t.ident for t in threading.enumerate() if t.name == "QueueFeederThread" and t.is_alive()}
+
+
+def test_shutdown_returns_after_the_index_queues_feeders_ended():
+    """A feeder still ending when the interpreter exits is stopped mid-finalizer as a daemon
+    thread, and its queue's semaphore stays registered (the resource tracker's leak warning)."""
+    before = _feeders()
+    loader = ParallelStartDataLoader(WorkerTagDataset(16), num_workers=2, multiprocessing_context="fork")
+    for _batch in loader:
+        break  # the iterator goes here: its shutdown has returned on the next line
+    assert _feeders() - before == set()
+
+
+def test_what_workers_unpickle_is_held_outside_cycles_until_shutdown():
+    """An iterator collected with a held error dies in the cyclic gc, whose weakref finalizers
+    would unlink these semaphores before its shutdown (a spawn worker still booting then fails
+    to unpickle them): the registry keeps them reachable until the shutdown has run."""
+    from pytest_workerstart import reference
+
+    loader = ParallelStartDataLoader(WorkerTagDataset(8), num_workers=2, multiprocessing_context="fork")
+    it = iter(loader)
+    queues, result_queue, done_event = reference._LIVE_IPC[id(it)]
+    assert queues == it._index_queues and result_queue is it._worker_result_queue
+    assert done_event is it._workers_done_event
+    del it, queues, result_queue, done_event
+    gc.collect()
+    assert reference._LIVE_IPC == {}
