@@ -636,12 +636,12 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         if not self._shutdown:
             torch_internals.unregister_worker_pids(self)
         self._halt_starts()
-        queues = list(self._index_queues)
         try:
             super()._shutdown_workers()  # closes the index queues without waiting for their feeders
         finally:
-            _join_feeders(queues)
-            _LIVE_IPC.pop(id(self), None)
+            shared = _LIVE_IPC.pop(id(self), None)
+            if shared is not None:  # every index queue primed, also those _halt_starts closed and dropped
+                _join_feeders(shared[0])
             if getattr(self, "_server", None) is not None:
                 private_forkserver.reap_retired()  # a replaced server exits with its last worker
 
