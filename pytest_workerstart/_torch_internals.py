@@ -23,9 +23,11 @@ torch has no hook around worker creation, so the reference loader re-implements
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import queue
+import signal
 import threading
 import time
 
@@ -96,7 +98,8 @@ def check_supported(version: str | None = None) -> None:
     params = tuple(inspect.signature(_utils.worker._worker_loop).parameters)
     if params != WORKER_LOOP_PARAMS:
         raise UnsupportedTorchError(f"torch {version}: _worker_loop parameters changed: {params}")
-    for name in ("_set_worker_pids", "_remove_worker_pids", "_set_SIGCHLD_handler", "_error_if_any_worker_fails"):
+    for name in ("_set_worker_pids", "_remove_worker_pids", "_set_SIGCHLD_handler", "_error_if_any_worker_fails",
+                 "_SIGCHLD_handler_set"):
         if not hasattr(_utils.signal_handling, name):
             raise UnsupportedTorchError(f"torch {version}: _utils.signal_handling.{name} is missing")
     for name in ("_reset", "_try_get_data", "_get_data", "_shutdown_workers", "_next_data",
@@ -243,3 +246,47 @@ def unregister_worker_pids(it) -> None:
     if getattr(it, "_worker_pids_set", False):
         _utils.signal_handling._remove_worker_pids(id(it))
         it._worker_pids_set = False
+
+
+@contextlib.contextmanager
+def process_state_restored():
+    """On exit, torch's process-wide DataLoader state is as it was on entry.
+
+    A DataLoader with workers installs torch's SIGCHLD handler once per process and
+    registers its workers' pids in a table that handler reads. An iterator that outlives
+    its caller (held by a traceback's frames, say) keeps its pids registered: the next
+    SIGCHLD, from any child, then raises its workers' error wherever the main thread is,
+    in someone else's code. On exit this collects such iterators, drops the pids still
+    registered since entry, and puts back the SIGCHLD handler and torch's note that it set
+    one. Yields the set of iterator keys registered since entry (for reports).
+    """
+    import gc
+
+    handling = _utils.signal_handling
+    set_pids, remove_pids = handling._set_worker_pids, handling._remove_worker_pids
+    live: set[int] = set()
+
+    def recording_set(key, pids):
+        set_pids(key, pids)
+        live.add(key)
+
+    def recording_remove(key):
+        live.discard(key)
+        remove_pids(key)
+
+    handler, handler_set = signal.getsignal(signal.SIGCHLD), handling._SIGCHLD_handler_set
+    handling._set_worker_pids, handling._remove_worker_pids = recording_set, recording_remove
+    try:
+        yield live
+    finally:
+        gc.collect()  # iterators in reference cycles shut down (and unregister) here
+        handling._set_worker_pids, handling._remove_worker_pids = set_pids, remove_pids
+        for key in live:
+            remove_pids(key)
+        signal.signal(signal.SIGCHLD, handler)
+        handling._SIGCHLD_handler_set = handler_set
+
+
+def sigchld_handler_state() -> tuple:
+    """The SIGCHLD handler and whether torch believes it installed its own (for snapshots)."""
+    return signal.getsignal(signal.SIGCHLD), _utils.signal_handling._SIGCHLD_handler_set

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-pytest_plugins = ["pytester"]
+#: _env_guard: each self-test leaves process-global state as it found it (fails the one that does not)
+pytest_plugins = ["pytester", "tests._env_guard"]
 
 #: Fixtures that run a suite (a pytest subprocess with --workerstart or an embedded check).
 SUITE_FIXTURES = {"pytester", "run_suite"}

@@ -26,6 +26,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from pytest_workerstart.reference import ParallelStartDataLoader
 
+# torch DataLoaders run in this process: their SIGCHLD handler and worker pids go with each test
+pytestmark = pytest.mark.usefixtures("torch_process_state")
+
 LOADERS = {"torch": (DataLoader, {}), "reference-p1": (ParallelStartDataLoader, {"worker_start_parallelism": 1}),
            "reference-p2": (ParallelStartDataLoader, {"worker_start_parallelism": 2})}
 
@@ -59,13 +62,28 @@ def test_type_subscription(loader):
 FD_FETCH_RACE = (ConnectionError, EOFError)
 
 
+def _detached(info: pytest.ExceptionInfo) -> BaseException:
+    """The caught error, without the tracebacks whose frames hold the failed iterator.
+
+    Held, the iterator keeps its workers' pids registered with torch's SIGCHLD handler:
+    the next child to exit, anywhere in this process, raises that worker's death again."""
+    exc = info.value
+    del info
+    for e in (exc, exc.__cause__, exc.__context__):
+        if e is not None:
+            e.__traceback__ = None
+    gc.collect()  # the iterator shuts down its workers and unregisters their pids here
+    return exc
+
+
 def _error(loader: str, context: str, signum: int) -> BaseException:
     cls, kwargs = LOADERS[loader]
     dl = cls(DiesBySignal(signum), num_workers=2, batch_size=1, multiprocessing_context=context, **kwargs)
     with pytest.raises((RuntimeError, *FD_FETCH_RACE)) as info:
         for _ in dl:
             pass
-    return info.value
+    del dl
+    return _detached(info)
 
 
 #: torch's words for a dead worker: its liveness check's (TORCH_EXITED), and its SIGCHLD handler's,
@@ -137,9 +155,10 @@ def _raised(loader: str, dataset, **kw) -> dict:
         with pytest.raises(BaseException) as info:
             for _ in _make(loader, dataset, num_workers=2, batch_size=1, **kw):
                 pass
-        if not isinstance(info.value, FD_FETCH_RACE):
+        exc = _detached(info)
+        if not isinstance(exc, FD_FETCH_RACE):
             break
-    return _observed(info.value)
+    return _observed(exc)
 
 
 @pytest.mark.parametrize("loader", ["reference-p1", "reference-p2"])

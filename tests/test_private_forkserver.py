@@ -21,6 +21,9 @@ from pytest_workerstart.probes.context import InstrumentedContext
 from pytest_workerstart.reference import ParallelStartDataLoader
 from tests import _private_server_programs as programs
 
+# torch DataLoaders run in this process: their SIGCHLD handler and worker pids go with each test
+pytestmark = pytest.mark.usefixtures("torch_process_state")
+
 
 def _pids(loader) -> set[int]:
     return {int(p) for b in loader for p in b["pid"]}

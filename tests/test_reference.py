@@ -15,6 +15,9 @@ from pytest_workerstart.probes.faults import FaultPlan
 from pytest_workerstart.probes.leaks import LeakSnapshot
 from pytest_workerstart.reference import ParallelStartDataLoader, WorkerStartError
 
+# torch DataLoaders run in this process: their SIGCHLD handler and worker pids go with each test
+pytestmark = pytest.mark.usefixtures("torch_process_state")
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _forkserver():
