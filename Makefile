@@ -8,7 +8,7 @@ PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: venv lint check test test-under-load conformance conformance-quick docs bench bench-epochs bench-suite tox clean
+.PHONY: venv lint check test wheel-check flake-rate test-under-load conformance conformance-quick docs bench bench-epochs bench-suite tox clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -48,7 +48,33 @@ test: $(STAMP)
 	$(STAGE) self-tests $(PY) -m pytest -p no:cacheprovider --durations=30 -n $(JOBS) --dist loadscope \
 	    -m "not speed" tests || rc=1; \
 	$(STAGE) speed $(PY) -m pytest -p no:cacheprovider --durations=10 -m speed --skips-fail tests || rc=1; \
+	$(STAGE) wheel bash .ci/wheel-check $(WHEEL_PROFILE) || rc=1; \
 	exit $$rc
+
+# What a user gets from the README's install: the built wheel alone in a fresh venv, from an
+# empty directory (.ci/wheel-check). CI runs the quick profile; before a release: WHEEL_PROFILE=full.
+WHEEL_PROFILE ?= quick
+wheel-check: $(STAMP)
+	bash .ci/wheel-check $(WHEEL_PROFILE)
+
+# The flake rate of the self-tests (docs/status.md): every self-test but the speed ones,
+# FLAKE_RUNS times under -n 2, each in another random order (pytest-randomly, seeds 1..N),
+# one line per run with its seed, outcome counts and the failed tests, in FLAKE_LOG.
+# pytest-randomly lives outside the venv (.flake-plugins) and only the outer run loads it:
+# the suites the self-tests start keep their checks' order (PYTEST_ADDOPTS reaches them).
+FLAKE_RUNS ?= 5
+FLAKE_LOG  ?= flake-rate.log
+FLAKE_ARGS ?= -m "not speed" tests
+flake-rate: $(STAMP)
+	$(PIP) install --quiet --target .flake-plugins --no-deps "pytest-randomly==5.1.0"
+	@: > $(FLAKE_LOG); for seed in $$(seq $(FLAKE_RUNS)); do \
+	  start=$$(date +%s); \
+	  PYTHONPATH=$(CURDIR)/.flake-plugins PYTEST_ADDOPTS="-p no:randomly" $(PY) -m pytest -p no:cacheprovider \
+	    -p randomly --randomly-seed=$$seed -q -n 2 --dist loadscope -rfE $(FLAKE_ARGS) > $(FLAKE_LOG).$$seed 2>&1; \
+	  rc=$$?; \
+	  echo "seed $$seed: exit $$rc, $$(( $$(date +%s) - start )) s: $$(tail -1 $(FLAKE_LOG).$$seed)" | tee -a $(FLAKE_LOG); \
+	  grep -E "^(FAILED|ERROR) " $(FLAKE_LOG).$$seed | tee -a $(FLAKE_LOG); \
+	done
 
 # `make test` and `make conformance-quick` while LOAD CPU-bound processes run
 # beside them (default 2: on a 2-core machine, half the CPU for the suite).

@@ -16,7 +16,9 @@ import gc
 import psutil
 import pytest
 
+from pytest_workerstart.checkenv import unlinked
 from pytest_workerstart.fixtures.datasets import CorruptItemDataset, WorkerTagDataset
+from pytest_workerstart.probes.deadline import StepAborted
 from pytest_workerstart.probes.leaks import LeakSnapshot, ShmWatch
 from pytest_workerstart.verdict import record_measurements
 
@@ -34,8 +36,16 @@ def _watch_shm(check_env, epoch) -> dict:
     never left on the machine)."""
     ctx = check_env.context(N)
     with ShmWatch() as watch:
-        epoch(ctx)
-        gc.collect()
+        try:
+            epoch(ctx)
+            gc.collect()
+        except BaseException as exc:  # stopped early (a bound, an interrupt): nothing it attributed stays either
+            watch.note(ctx.shm_at_exit())
+            gone = watch.unlink_left(semaphores=False)
+            check_env.cleaned_shm.extend(gone)
+            if gone and isinstance(exc, StepAborted):
+                exc.add_cleanup(unlinked(gone))
+            raise
     watch.note(ctx.shm_at_exit())
     left = watch.left(timeout=check_env.settings.exit_timeout)
     return {"shm_seen": sorted(watch.seen), "shm_left": left,

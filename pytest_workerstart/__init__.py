@@ -1,7 +1,12 @@
 """pytest-workerstart: a pytest plugin and conformance suite for data loaders
 that start worker processes. Importing this package never imports torch."""
 
-__version__ = "0.1.0"
+from importlib import metadata as _metadata
+
+try:
+    __version__ = _metadata.version("pytest-workerstart")  # pyproject.toml is the one place it is set
+except _metadata.PackageNotFoundError:  # a checkout on sys.path without an install
+    __version__ = "0+unknown"
 
 
 def __getattr__(name: str):

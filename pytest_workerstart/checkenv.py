@@ -64,6 +64,8 @@ class CheckEnv:
     lookahead: Any = None
     #: an iterator's shutdown that blew its deadline where nothing could raise (a release in ``__del__``)
     shutdown_failure: StepAborted | None = None
+    #: /dev/shm entries the suite unlinked after a step was stopped (:meth:`stop_tree`)
+    cleaned_shm: list = dataclasses.field(default_factory=list)
 
     # --- bounded steps -------------------------------------------------------
     def step(self, name: str, fn: Callable[[], Any], num_workers: int, ctx: InstrumentedContext | None,
@@ -87,18 +89,41 @@ class CheckEnv:
                 return fn()
         except StepAborted as exc:
             self.last_step_error = (name, id(exc), exc.kind)
-            if ctx is not None:
-                from pytest_workerstart.harness.reaper import sigchld_ignored
-
-                with sigchld_ignored():
-                    ctx.kill_workers()
+            cleaned = self.stop_tree(ctx)
+            if cleaned:
+                exc.add_cleanup(cleaned)
             raise
         except StopIteration:
+            raise
+        except KeyboardInterrupt:  # Ctrl-C, or pytest's SIGTERM: the run ends, nothing of the loader stays
+            self.stop_tree(ctx)
             raise
         except BaseException as exc:
             first = str(exc).splitlines()[0][:120] if str(exc) else ""
             self.last_step_error = (name, id(exc), f"{type(exc).__name__}: {first}")
             raise
+
+    def stop_tree(self, ctx: InstrumentedContext | None) -> str:
+        """The cleanup of a step stopped early, the same as a normal ending's: the workers ``ctx``
+        started (and their children) killed and reaped, and the ``/dev/shm`` entries they mapped
+        or held open that this check's run created unlinked (only those: attribution, never
+        another process's). Named semaphores stay with the resource tracker, which registered
+        them and unlinks them once their holders are gone. Returns what was done, in words."""
+        if ctx is None:
+            return ""
+        from pytest_workerstart.harness.reaper import kill_and_wait, sigchld_ignored
+
+        victims = ctx.worker_tree()
+        if not victims:
+            return ""
+        mapped = leaks.shm_entries_mapped_by([v.pid for v in victims])
+        with sigchld_ignored():  # a loader's SIGCHLD handler (torch's) would raise for the workers killed here
+            kill_and_wait(victims)
+        gone = leaks.unlink_created_since(self._shm_before, {n: i for n, i in mapped.items()
+                                                             if not n.startswith("sem.")})
+        self.cleaned_shm.extend(gone)
+        done = f"killed {len(victims)} worker process{'es' if len(victims) != 1 else ''}"
+        return f"{done}, {unlinked(gone)}" if gone else done
 
     def release(self, box: list, step: str, num_workers: int, ctx: InstrumentedContext | None) -> None:
         """Empty ``box``, which holds the last reference to the loader's iterator (its shutdown
@@ -235,7 +260,9 @@ class CheckEnv:
         try:
             fn()
         except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt is a legitimate outcome here
-            if isinstance(exc, (pytest.fail.Exception, pytest.skip.Exception)):
+            from pytest_workerstart.harness.reaper import Terminated
+
+            if isinstance(exc, (pytest.fail.Exception, pytest.skip.Exception, Terminated)):
                 raise
             return HeldException(exc)
         pytest.fail(what)
@@ -280,6 +307,9 @@ class CheckEnv:
         # What the suite's workers still mapped as they exited and nobody removed: the
         # loader's leak (leaks.shm_segments judges it), never left on the machine.
         # Named semaphores stay: the resource tracker owns their names and unlinks them.
+        # Workers still alive now outlived every judgement (an interrupted or stopped step whose
+        # error was swallowed on the way, a loader that never stops them): stopped like a step.
+        stopped = [done for done in (self.stop_tree(ctx) for ctx in self._contexts) if done]
         left: dict[str, int] = {}
         for ctx in self._contexts:
             left.update({n: i for n, i in ctx.shm_at_exit().items() if not n.startswith("sem.")})
@@ -287,12 +317,23 @@ class CheckEnv:
         forked_by = set().union(*(ctx.forked_by() for ctx in self._contexts))
         if forked_by and self.request is not None:
             record_measurements(self.request.node, workers_forked_by=sorted(forked_by))
+        if stopped and self.request is not None:
+            self.request.node.add_report_section("teardown", "workerstart",
+                                                 "at teardown the suite " + "; ".join(stopped))
         if gone:
             self.request.node.add_report_section(
                 "teardown", "workerstart", f"unlinked {len(gone)} /dev/shm entries the loader's workers left: "
                 + ", ".join(gone))
+        if self.cleaned_shm and self.request is not None:
+            record_measurements(self.request.node, shm_unlinked_by_suite=sorted(set(self.cleaned_shm) | set(gone)))
         for ctx in self._contexts:
             ctx.close()
+
+
+def unlinked(names: list[str]) -> str:
+    """What the suite removed from ``/dev/shm``, for a verdict's reason."""
+    return f"unlinked {len(names)} /dev/shm entr{'y' if len(names) == 1 else 'ies'} the loader's processes left: " + \
+        ", ".join(names)
 
 
 class BoundedLoader:

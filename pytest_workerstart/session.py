@@ -430,10 +430,15 @@ class WorkerstartSession:
                       exitstatus=int(exitstatus), tb_hint=config.option.tbstyle == "no")
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        """Start the guard that cleans up if pytest itself is killed."""
+        """Start the guard that cleans up if pytest itself is killed, and let a SIGTERM end the
+        run as Ctrl-C does (the running step's cleanup, then the fixtures' teardown)."""
         from pytest_workerstart.harness import reaper
 
         reaper.start_guard(verdict=self._json)
+        def stop() -> None:
+            session.shouldstop = "pytest was sent SIGTERM"
+
+        self._sigterm = reaper.terminate_as_interrupt(stop)
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus) -> None:
         from pytest_workerstart.harness import reaper, zygote
@@ -457,4 +462,5 @@ class WorkerstartSession:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         from pytest_workerstart.harness import reaper
 
+        reaper.restore_sigterm(getattr(self, "_sigterm", None))
         reaper.stop_guard()

@@ -28,8 +28,9 @@ from typing import Any
 
 import pytest
 
-#: signals whose disposition the kernel lets a process change
-SIGNALS = sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP})
+#: signals whose disposition the kernel lets a process change; not SIGALRM, pytest-timeout's,
+#: which it arms and disarms around each test itself
+SIGNALS = sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP, signal.SIGALRM})
 
 
 def _handlers() -> dict[int, Any]:
@@ -162,3 +163,12 @@ def torch_process_state():
 
     with process_state_restored() as live:
         yield live
+
+
+@pytest.fixture
+def environ_restored():
+    """For a test that imports a library which sets environment variables as it is imported
+    (monai sets ``CUBLAS_WORKSPACE_CONFIG``): the environment as it was when the test ends."""
+    saved = _environ()
+    yield
+    _restore_environ(saved)

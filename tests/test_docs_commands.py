@@ -64,6 +64,7 @@ def test_docs_show_commands():
 
 @pytest.mark.suite  # each runs a pytest, the benchmark or make of its own
 @pytest.mark.parametrize(("page", "command"), COMMANDS, ids=[f"{p}:{c[:60]}" for p, c in COMMANDS])
+@pytest.mark.usefixtures("environ_restored")  # monai sets CUBLAS_WORKSPACE_CONFIG as it is imported
 def test_command_is_exercised(page, command, tmp_path, monkeypatch, capsys):
     redirect = None
     if " > " in command:

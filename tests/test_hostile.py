@@ -167,3 +167,55 @@ def test_a_shutdown_that_hangs_fails_at_its_bound(run_suite, shm_watch):
     assert time.time() - t0 < 150
     time.sleep(1.0)
     assert _leftovers(t0, shm_watch) == ([], [])
+
+
+def test_a_leaking_loader_stopped_at_its_bound_leaves_nothing(run_suite, shm_watch):
+    """Workers that create /dev/shm segments nobody unlinks, and a shutdown after a worker error
+    that stalls past the failure patience: in every context the stopped step ends with the
+    cleanup of a normal ending, and the reason says what the suite removed."""
+    t0 = time.time()
+    v = run_suite(f"--workerstart-loader={MODULE}:LeaksShmAndStallsOnError", "--workerstart-profile=full",
+                  "--workerstart-preflight=false", "-k", "leaks.shm_segments and worker_error", timeout=LIMIT_S)
+    cases = v.data["checks"]
+    assert {c["context"] for c in cases} == {"spawn", "forkserver", "fork"}, cases
+    assert all(c["outcome"] == "failed" for c in cases), cases
+    spawn = next(c for c in cases if c["context"] == "spawn")
+    assert "the suite" in spawn["reason"] and "psm_" in spawn["reason"], spawn
+    time.sleep(1.0)
+    assert _leftovers(t0, shm_watch) == ([], [])
+
+
+def test_sigterm_during_a_stalled_release_leaves_nothing(shm_watch, tmp_path):
+    """pytest sent SIGTERM while the loader's shutdown after a worker error stalls: the run ends
+    as after Ctrl-C, with the step's cleanup, and nothing it created stays in /dev/shm."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    mark, verdict = tmp_path / "raised", tmp_path / "verdict.json"
+    t0 = time.time()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--workerstart",
+         f"--workerstart-loader={MODULE}:LeaksShmAndStallsOnError", "--workerstart-profile=quick",
+         "--workerstart-context=spawn", "--workerstart-preflight=false", f"--workerstart-json={verdict}",
+         "-k", "leaks.shm_segments and worker_error"],
+        cwd=tmp_path, env={**os.environ, "WORKERSTART_SELFTEST_ERROR_MARK": str(mark)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert mark.exists(), "the loader never raised"
+        time.sleep(1.0)  # inside the release that follows (it stalls for 5 s per worker)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode in (1, 2), out[-3000:]  # failed at the step's bound, or interrupted
+    data = json.loads(verdict.read_text())
+    assert data["outcome"] != "running", data
+    time.sleep(1.0)
+    assert _leftovers(t0, shm_watch) == ([], [])

@@ -111,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         from pytest_workerstart.bench import suite
 
         return suite.main(argv[1:])
+    if argv[:1] in (["plot"], ["arrivals"]):
+        from pytest_workerstart.bench._optional import require
+
+        require("matplotlib", "plotting")
     if argv[:1] == ["plot"]:
         from pytest_workerstart.bench.plot import plot
 

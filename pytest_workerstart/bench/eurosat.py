@@ -62,9 +62,10 @@ def tree_checksum(root: str | os.PathLike) -> str:
 
 def _source_rgb(name: str):
     import numpy as np
-    import skimage.data
 
-    img = getattr(skimage.data, name)()
+    from pytest_workerstart.bench._optional import require
+
+    img = getattr(require("skimage.data", "making the benchmark's dataset", "bench"), name)()
     if img.ndim == 2:
         img = np.stack([img] * 3, axis=-1)
     return np.ascontiguousarray(img[..., :3].astype(np.uint8))

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_workerstart.bench._optional import require
+
 PANELS = (("iterator_creation_s", "iterator creation (s)"), ("time_to_first_batch_s", "time to first batch (s)"),
           ("steady_samples_per_s", "steady-state images/s"), ("pss_increase_mb", "process-tree PSS increase (MiB)"))
 
@@ -24,8 +26,7 @@ def _values(cfg: dict, metric: str) -> list[float]:
 
 
 def plot(result: dict[str, Any], output: str, workers: int | None = None) -> None:
-    import matplotlib
-
+    matplotlib = require("matplotlib", "plotting")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -129,8 +130,7 @@ def _scaling(ax, configs: list[dict], color_of: dict) -> None:
 def plot_arrivals(result: dict[str, Any], output: str) -> None:
     """When batch k arrived (median, p10-p90 band) for every configuration; one panel per
     iterator (the second only for runs with ``--epochs 2``)."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "plotting")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -215,6 +215,36 @@ def sigchld_ignored():
         signal.signal(signal.SIGCHLD, old)
 
 
+class Terminated(KeyboardInterrupt):
+    """pytest was sent SIGTERM: it unwinds as after Ctrl-C, running the cleanup of the step it
+    was in and the fixtures' teardown; a second SIGTERM kills it (the guard cleans up then)."""
+
+
+def terminate_as_interrupt(on_signal=None):
+    """Make SIGTERM raise :class:`Terminated` in the main thread, where no one else handles it
+    (a handler the user installed is kept). ``on_signal()`` runs first: the exception can be
+    swallowed on its way (raised inside a ``__del__``), so the caller also asks the run to stop.
+    Returns what :func:`restore_sigterm` puts back."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if on_signal is not None:
+            on_signal()
+        raise Terminated("pytest was sent SIGTERM")
+
+    signal.signal(signal.SIGTERM, handler)
+    return handler
+
+
+def restore_sigterm(handler) -> None:
+    if handler is not None and threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is handler:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 # --- the guard -------------------------------------------------------------------------
 
 

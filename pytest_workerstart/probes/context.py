@@ -400,15 +400,26 @@ class InstrumentedContext(BaseContext):
             parts.append(f"--- worker {r.worker} (pid {r.pid}) ---\n{text.strip() or '(no stack written)'}")
         return "\n".join(parts)
 
-    def kill_workers(self) -> list[int]:
-        """SIGKILL every live worker this context started (descendants of this process only)."""
+    def worker_tree(self) -> list:
+        """The live workers this context started and what they started in turn (descendants of
+        this process only), as ``psutil.Process`` objects."""
         import psutil
-
-        from pytest_workerstart.harness.reaper import kill_and_wait
 
         self._merge_child_events()
         pids = {r.pid for r in self._recorder.records.values() if r.pid}
-        victims = [c for c in psutil.Process().children(recursive=True) if c.pid in pids]
+        tree = [c for c in psutil.Process().children(recursive=True) if c.pid in pids]
+        for worker in list(tree):
+            try:
+                tree += [c for c in worker.children(recursive=True) if c not in tree]
+            except psutil.Error:
+                continue
+        return tree
+
+    def kill_workers(self) -> list[int]:
+        """SIGKILL :meth:`worker_tree` and reap it; the pids killed."""
+        from pytest_workerstart.harness.reaper import kill_and_wait
+
+        victims = self.worker_tree()
         kill_and_wait(victims)
         return [v.pid for v in victims]
 

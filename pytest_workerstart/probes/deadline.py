@@ -42,6 +42,11 @@ class StepAborted(pytest.fail.Exception):
         self.step = step
         super().__init__(message + (f"\n{details}" if details else ""), pytrace=False)
 
+    def add_cleanup(self, done: str) -> None:
+        """Say on the first line (the verdict's reason) what the suite cleaned up after the stop."""
+        first, sep, rest = self.msg.partition("\n")
+        self.msg = f"{first}; the suite {done}{sep}{rest}"
+
 
 class StepTimeout(StepAborted):
     """A step that waits on the loader did not finish within its deadline."""

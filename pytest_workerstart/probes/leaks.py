@@ -297,9 +297,12 @@ class ShmWatch:
                 return left
             time.sleep(0.1)
 
-    def unlink_left(self) -> list[str]:
-        """Unlink what :meth:`left` reports (ours by attribution, never another job's)."""
-        return unlink_created_since(self._before, self.seen)
+    def unlink_left(self, semaphores: bool = True) -> list[str]:
+        """Unlink what :meth:`left` reports (ours by attribution, never another job's); with
+        ``semaphores=False`` not named semaphores, which a live driver may still hold (their
+        finalizers unlink them, and the resource tracker what nobody did)."""
+        seen = self.seen if semaphores else {n: i for n, i in self.seen.items() if not n.startswith("sem.")}
+        return unlink_created_since(self._before, seen)
 
 
 def _fd_kind(target: str) -> str:
