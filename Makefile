@@ -60,8 +60,8 @@ wheel-check: $(STAMP)
 # The flake rate of the self-tests (docs/status.md): every self-test but the speed ones,
 # FLAKE_RUNS times under -n 2, each in another random order (pytest-randomly, seeds 1..N),
 # one line per run with its seed, outcome counts and the failed tests, in FLAKE_LOG.
-# pytest-randomly lives outside the venv (.flake-plugins) and only the outer run loads it:
-# the suites the self-tests start keep their checks' order (PYTEST_ADDOPTS reaches them).
+# pytest-randomly lives outside the venv (.flake-plugins, on PYTHONPATH), and tests/conftest.py takes it
+# off the PYTHONPATH of what the self-tests start: the suites they run keep their checks' order.
 FLAKE_RUNS ?= 5
 FLAKE_LOG  ?= flake-rate.log
 FLAKE_ARGS ?= -m "not speed" tests

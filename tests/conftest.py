@@ -15,6 +15,23 @@ def pytest_addoption(parser):
                           "judged, e.g. on a busy machine, proves nothing)")
 
 
+#: where ``make flake-rate`` puts pytest-randomly (PYTHONPATH): for the self-tests' own order only
+FLAKE_PLUGINS = ".flake-plugins"
+
+
+def pytest_configure(config):
+    """In an xdist worker, drop make flake-rate's pytest-randomly from the PYTHONPATH the suites
+    it starts inherit: their checks keep their order (pytester clears PYTEST_ADDOPTS)."""
+    import os
+
+    path = os.environ.get("PYTHONPATH")
+    if hasattr(config, "workerinput") and path and FLAKE_PLUGINS in path:
+        kept = [p for p in path.split(os.pathsep) if not p.rstrip("/").endswith(FLAKE_PLUGINS)]
+        os.environ["PYTHONPATH"] = os.pathsep.join(kept)
+        if not kept:
+            del os.environ["PYTHONPATH"]
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark what runs a suite, so ``-m "not suite"`` is the fast inner loop (``make check``); then
     order the longest kinds first, so that under xdist the short ones fill the end of the run."""
