@@ -20,7 +20,11 @@ CONTEXTS = ("spawn", "forkserver", "fork")
 
 
 def render(paths: list[Path]) -> str:
-    verdicts = [json.loads(Path(p).read_text()) for p in paths]
+    return render_verdicts([json.loads(Path(p).read_text()) for p in paths])
+
+
+def render_verdicts(verdicts: list[dict]) -> str:
+    """The table and the list of failures and skips of verdicts already read."""
     ids = sorted({c["id"] for v in verdicts for c in v["checks"]})
     contexts = [ctx for ctx in CONTEXTS if any(ctx in v["settings"]["contexts_run"] for v in verdicts)]
     head = ["check"]

@@ -10,6 +10,7 @@ requires of the loader is judged when it starts (``checkenv.check_env``).
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shlex
@@ -22,7 +23,7 @@ import pytest
 
 from pytest_workerstart import protocol, registry, report
 from pytest_workerstart.settings import Settings
-from pytest_workerstart.verdict import Verdict, parse_nodeid
+from pytest_workerstart.verdict import MEASUREMENTS, Verdict, parse_nodeid
 
 SUITE_DIR = Path(__file__).resolve().parent / "conformance"
 if not SUITE_DIR.is_dir():  # running from a source checkout (editable install)
@@ -37,6 +38,8 @@ STEP_FLOOR_S, STEP_BASE_S, STEP_BOOTS = 20.0, 10.0, 3.0
 #: Hard limit of the preflight scenario unless --workerstart-step-timeout is given.
 PREFLIGHT_TIMEOUT_S = 60.0
 ADAPTER_DOCS = "docs/adapter.md"
+#: GitHub Actions names the job summary file here; the final verdict's table is appended to it
+STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 
 
 class WorkerstartSession:
@@ -351,6 +354,13 @@ class WorkerstartSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         report = yield
+        if call.when == "teardown" and item.get_closest_marker("workerstart_check") is not None:
+            # --junitxml writes each property with str(): the measurements once more, merged, as JSON
+            merged: dict[str, Any] = {}
+            for key, value in report.user_properties:
+                if key == MEASUREMENTS:
+                    merged.update(value)
+            report.user_properties.append((f"{MEASUREMENTS}_json", json.dumps(merged, default=str, sort_keys=True)))
         if call.when != "call" or item.get_closest_marker("workerstart_check") is None:
             return report
         if report.passed:
@@ -421,6 +431,21 @@ class WorkerstartSession:
             self.verdict.coverage = self.coverage()
             self.verdict.write(self._json, exitstatus=exitstatus,
                                duration_s=time.monotonic() - self._started, final=final)
+        if final and self._json_writer and os.environ.get(STEP_SUMMARY_ENV):
+            self._write_step_summary(Path(os.environ[STEP_SUMMARY_ENV]), exitstatus)
+
+    def _write_step_summary(self, path: Path, exitstatus: int | None) -> None:
+        """Under GitHub Actions: the verdict's table, appended to the job's summary page."""
+        from pytest_workerstart.results_table import render_verdicts
+
+        self.verdict.coverage = self.coverage()
+        data = self.verdict.to_json(exitstatus=exitstatus, duration_s=time.monotonic() - self._started, final=True)
+        data = json.loads(json.dumps(data, default=str))
+        try:
+            with path.open("a") as f:
+                f.write(f"## workerstart verdict: `{self.loader.spec}`\n\n{render_verdicts([data])}\n")
+        except OSError as exc:
+            self.config.get_terminal_writer().line(f"workerstart: could not write ${STEP_SUMMARY_ENV}: {exc}")
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config) -> None:
         if config.option.collectonly:

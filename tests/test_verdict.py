@@ -179,3 +179,26 @@ def test_a_reason_keeps_the_workers_original_exception():
                                 "(in the worker: TypeError: 'NoneType' object is not subscriptable)")
     plain = types.SimpleNamespace(longrepr=types.SimpleNamespace(reprcrash=types.SimpleNamespace(message="boom\nmore")))
     assert one_line(plain) == "boom"
+
+
+def test_junit_xml_and_the_github_step_summary_carry_the_verdict(run_suite, pytester, monkeypatch):
+    """CI conventions: each case's check id, context and measurements as junit properties, and
+    under GitHub Actions the verdict's table appended to $GITHUB_STEP_SUMMARY."""
+    import xml.etree.ElementTree as ET
+
+    summary = pytester.path / "step-summary.md"
+    summary.write_text("earlier steps\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    junit = pytester.path / "junit.xml"
+    v = run_suite("--workerstart-context=forkserver", "--workerstart-profile=quick", "-k", "start.respects_bound",
+                  f"--junitxml={junit}")
+    assert "passed" in v.outcomes("start.respects_bound")
+    passed = next(c for c in v.data["checks"] if c["outcome"] == "passed")
+    case = next(tc for tc in ET.parse(junit).iter("testcase") if tc.get("name") in passed["nodeid"])
+    props = {p.get("name"): p.get("value") for p in case.iter("property")}
+    assert props["workerstart_check"] == "start.respects_bound" and props["workerstart_context"] == "forkserver", props
+    measured = json.loads(props["workerstart_measurements_json"])
+    assert measured == passed["measurements"] and measured, (measured, passed)
+    text = summary.read_text()
+    assert text.startswith("earlier steps\n") and "## workerstart verdict: `reference`" in text, text
+    assert "| `start.respects_bound` |" in text and "passed" in text, text
