@@ -8,7 +8,7 @@ PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: venv lint check test wheel-check flake-rate test-under-load conformance conformance-quick docs bench bench-epochs bench-suite tox clean
+.PHONY: venv lint check test wheel-check flake-rate test-under-load conformance conformance-quick docs bench bench-epochs bench-soak bench-suite tox clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -119,6 +119,15 @@ bench-epochs: $(STAMP)
 	    --json docs/bench/epochs.json
 	$(BENCH) arrivals docs/bench/epochs.json -o docs/bench/arrivals.png
 	$(BENCH) epochs docs/bench/epochs.json > docs/bench/epochs.md
+
+# The loaders' soak (docs/bench/soak.md): 1,000 iterator lifecycles under forkserver and 50 under
+# spawn, then 100 epochs of one persistent loader, the reference and torch, each in a fresh
+# driver; the driver's fds, threads, children, zombies, /dev/shm entries and PSS every 50 cycles.
+SOAK_PLAN ?= forkserver:1000 spawn:50
+bench-soak: $(STAMP)
+	$(BENCH) soak --loader reference torch --plan $(SOAK_PLAN) --json docs/bench/soak.json
+	$(BENCH) soak-plot docs/bench/soak.json -o docs/bench/soak.png
+	$(BENCH) soak-table docs/bench/soak.json > docs/bench/soak.md
 
 # The suite's own time to verdict (docs/bench/suite.md): one `pytest --workerstart` run per
 # loader and profile, timed from outside, with where each run's time went.

@@ -290,3 +290,20 @@ def process_state_restored():
 def sigchld_handler_state() -> tuple:
     """The SIGCHLD handler and whether torch believes it installed its own (for snapshots)."""
     return signal.getsignal(signal.SIGCHLD), _utils.signal_handling._SIGCHLD_handler_set
+
+
+def forget_killed_workers(pids: set[int]) -> int:
+    """Take the iterators whose workers the suite killed out of torch's SIGCHLD table.
+
+    An iterator still alive keeps its workers' pids registered; once the suite killed them,
+    the next SIGCHLD from any child would raise their deaths wherever the main thread is (in
+    a later check). Returns how many iterators were taken out."""
+    import gc
+
+    forgotten = 0
+    for obj in gc.get_objects():
+        if isinstance(obj, MultiProcessingIter) and getattr(obj, "_worker_pids_set", False):
+            if {w.pid for w in getattr(obj, "_workers", ())} & pids:
+                unregister_worker_pids(obj)
+                forgotten += 1
+    return forgotten

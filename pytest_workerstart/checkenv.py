@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import sys
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
@@ -119,6 +120,10 @@ class CheckEnv:
         mapped = leaks.shm_entries_mapped_by([v.pid for v in victims])
         with sigchld_ignored():  # a loader's SIGCHLD handler (torch's) would raise for the workers killed here
             kill_and_wait(victims)
+            if "torch.utils.data" in sys.modules:  # ... and at every later SIGCHLD, while their iterator lives
+                from pytest_workerstart._torch_internals import forget_killed_workers
+
+                forget_killed_workers({v.pid for v in victims})
         gone = leaks.unlink_created_since(self._shm_before, {n: i for n, i in mapped.items()
                                                              if not n.startswith("sem.")})
         self.cleaned_shm.extend(gone)

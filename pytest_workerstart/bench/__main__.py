@@ -11,6 +11,9 @@
     python -m pytest_workerstart.bench targets results.json                 # the reference loader's targets
     python -m pytest_workerstart.bench suite --loader reference torch --profile quick full --json suite.json
     python -m pytest_workerstart.bench suite-table suite.json               # the suite's time to verdict (markdown)
+    python -m pytest_workerstart.bench soak --json soak.json                # iterator lifecycles, resources sampled
+    python -m pytest_workerstart.bench soak-table soak.json                 # flat or not, per resource (markdown)
+    python -m pytest_workerstart.bench soak-plot soak.json -o soak.png
 
 Exit status: 0 ok; 1 first-batch digests differ, a trial failed, or ``--compare``
 found a regression; 2 usage error.
@@ -106,6 +109,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"usage: python -m pytest_workerstart.bench {argv[0]} RESULTS.json [...]", file=sys.stderr)
             return 2
         sys.stdout.write(suite.render(results) if argv[0] == "suite-table" else report.render(argv[0], results))
+        return 0
+    if argv[:1] == ["soak"]:
+        from pytest_workerstart.bench import soak
+
+        return soak.main(argv[1:])
+    if argv[:1] in (["soak-table"], ["soak-plot"]):
+        from pytest_workerstart.bench import soak
+
+        a = plot_parser().parse_args(argv[1:]) if argv[0] == "soak-plot" else None
+        with open(a.results if a else argv[1]) as f:
+            result = json.load(f)
+        if a is None:
+            sys.stdout.write(soak.table(result))
+        else:
+            soak.plot(result, a.output)
+            print(a.output)
         return 0
     if argv[:1] == ["suite"]:
         from pytest_workerstart.bench import suite
