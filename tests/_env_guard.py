@@ -85,7 +85,8 @@ def _restore_environ(saved: dict[str, str]) -> None:
 
 
 def _modules() -> dict[str, int]:
-    return {name: id(module) for name, module in list(sys.modules.items())}
+    # a None entry is the import system's "not importable (yet)": filling it is an import
+    return {name: id(module) for name, module in list(sys.modules.items()) if module is not None}
 
 
 def _resource_tracker() -> int | None:

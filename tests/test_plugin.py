@@ -205,6 +205,13 @@ def test_capability_names_are_documented():
         assert f"`{name}`" in docs, f"capability {name} is not documented"
 
 
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:  # exited (a zombie has no command line) since it was seen
+        return []
+
+
 @pytest.mark.suite  # a pytest of its own, interrupted
 def test_sigint_leaves_no_process(tmp_path):
     """A real Ctrl-C while a scenario runs: pytest exits and leaves nothing behind."""
@@ -221,7 +228,7 @@ def test_sigint_leaves_no_process(tmp_path):
                 seen[(p.pid, p.create_time())] = p
         except psutil.Error:
             break
-        if any("scenario" in " ".join(p.cmdline()) for p in seen.values() if p.is_running()):
+        if any("scenario" in " ".join(_cmdline(p)) for p in seen.values() if p.is_running()):
             if sum(1 for p in seen.values() if p.is_running()) >= 4:
                 break
         time.sleep(0.2)
