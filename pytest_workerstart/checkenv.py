@@ -150,6 +150,8 @@ class CheckEnv:
         from the cyclic garbage collector: a traceback holds the iterator) gets the failure
         patience, as every wait after a failure does. Not counted by the circuit breaker:
         the patience, not a step deadline, bounds it."""
+        if self.request is not None:  # what a stall of a fixed length must exceed to be seen
+            record_measurements(self.request.node, release_bound_s=round(self.leak_patience, 1))
         try:
             self.step(RELEASE_STEP, held.release, num_workers, ctx, timeout=self.leak_patience)
         finally:
