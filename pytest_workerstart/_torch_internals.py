@@ -287,11 +287,6 @@ def process_state_restored():
         handling._SIGCHLD_handler_set = handler_set
 
 
-def sigchld_handler_state() -> tuple:
-    """The SIGCHLD handler and whether torch believes it installed its own (for snapshots)."""
-    return signal.getsignal(signal.SIGCHLD), _utils.signal_handling._SIGCHLD_handler_set
-
-
 def forget_killed_workers(pids: set[int]) -> int:
     """Take the iterators whose workers the suite killed out of torch's SIGCHLD table.
 
