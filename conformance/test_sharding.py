@@ -8,15 +8,62 @@ one context: see ``_ranks_context``.
 """
 
 import collections
+import dataclasses
 
 import pytest
 
-from pytest_workerstart import distributed, protocol, scenarios
+from pytest_workerstart import distributed, explore, protocol, scenarios
+from pytest_workerstart.checkenv import batches_of
 from pytest_workerstart.fixtures.datasets import ShardedRange
 from pytest_workerstart.harness.lookahead import planned_scenario
+from pytest_workerstart.space import Point
 
 check = pytest.mark.workerstart_check
 N = 3
+
+
+def expected_batches(point: Point) -> list[tuple[int, ...]]:
+    """torch's batches of one epoch of ``ShardedRange(point.length)`` at ``point``, computed here:
+    worker w yields w, w + N, ...; each worker batches its own stream and, with drop_last,
+    drops its own short last batch. Sorted: the clause judges what is served, not its order."""
+    n, b = point.num_workers, point.batch_size
+    out = []
+    for w in range(n):
+        stream = list(range(w, point.length, n))
+        if b is None:
+            out += [(x,) for x in stream]
+            continue
+        chunks = [tuple(stream[i:i + b]) for i in range(0, len(stream), b)]
+        if point.drop_last and chunks and len(chunks[-1]) < b:
+            chunks.pop()
+        out += chunks
+    return sorted(out)
+
+
+def _served(batch) -> tuple[int, ...]:
+    """A batch's samples (batch_size=None: one sample, an int or a 0-d tensor)."""
+    if hasattr(batch, "reshape"):
+        return tuple(int(x) for x in batch.reshape(-1).tolist())
+    return (int(batch),) if isinstance(batch, int) else tuple(int(x) for x in batch)
+
+
+def judge_point(check_env, point: Point) -> None:
+    """Every epoch at ``point`` serves exactly torch's batches: no sample lost or repeated."""
+    loader = check_env.make(ShardedRange(point.length), num_workers=point.num_workers,
+                            parallelism=point.parallelism, **point.loader_kwargs())
+    want = expected_batches(point)
+    for epoch in range(1, point.epochs + 1):
+        got = sorted(_served(b) for b in batches_of(loader))
+        if got == want:
+            continue
+        counts = collections.Counter(x for batch in got for x in batch)
+        expected = collections.Counter(x for batch in want for x in batch)
+        missing = sorted((expected - counts).elements())
+        extra = sorted((counts - expected).elements())
+        pytest.fail(f"epoch {epoch}: {len(missing)} samples missing {missing[:8]}, {len(extra)} repeated or "
+                    f"extra {extra[:8]}" + ("" if missing or extra else
+                                          f"; the samples are right but batched as {got[:4]}, not {want[:4]}")
+                    + f" ({sum(counts.values())} served, {sum(expected.values())} expected)", pytrace=False)
 
 
 @check("sharding.exactly_once")
@@ -31,6 +78,18 @@ def test_exactly_once(check_env):
     assert not dup and not missing, (
         f"each of {n} samples must appear once per epoch: duplication factor {factor:.2f} "
         f"({len(dup)} duplicated, {len(missing)} missing; num_workers={N})")
+
+
+@check("sharding.exactly_once")
+def test_exactly_once_at(check_env, ws_point):
+    """The space's corners beyond the first case, and explored points: uneven shards, batch_size
+    None or not, drop_last, prefetch_factor, persistent workers over epochs, in_order."""
+    def judge(point: Point) -> None:
+        if point.parallelism is not None and not check_env.parallel_start_here:
+            point = dataclasses.replace(point, parallelism=None)
+        judge_point(check_env, point)
+
+    explore.judge_case(check_env, ws_point, judge)
 
 
 WORLD = 2

@@ -9,14 +9,16 @@ import re
 
 import pytest
 
-from pytest_workerstart import protocol
+from pytest_workerstart import explore, protocol, space
 from pytest_workerstart.checkenv import batches_of
 from pytest_workerstart.fixtures.datasets import BigPickleDataset, UnpicklableDataset, WorkerTagDataset
+from pytest_workerstart.space import Point
 from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check
 N = 3  # p in {1, 2, N} are three different bounds
 HOLD = 1.0
+BOUND = space.SPACES["start.respects_bound"]
 
 
 @check("start.parameter_validation")
@@ -42,34 +44,45 @@ def test_default_serial(check_env):
 
 
 
-def _bounded_start(check_env, p: int) -> dict:
-    """One epoch at parallelism ``p`` through a holding context: judged by
-    ``start.respects_bound`` and, at p = N, by ``start.builds_all_before_start``."""
+def _bounded_start(check_env, point: Point) -> dict:
+    """One epoch at ``point`` (N workers, parallelism p) through a holding context: judged by
+    ``start.respects_bound`` and, at its corner p3, by ``start.builds_all_before_start``."""
+    n, p = point.num_workers, point.parallelism
+
     def run() -> dict:
-        ctx = check_env.context(N, hold=HOLD)
-        loader = check_env.make(WorkerTagDataset(8), num_workers=N, ctx=ctx, parallelism=p)
+        ctx = check_env.context(n, hold=HOLD)
+        loader = check_env.make(WorkerTagDataset(point.length), num_workers=n, ctx=ctx, parallelism=p)
         indices = sorted(i for b in batches_of(loader) for i in b["index"].tolist())
         recs = ctx.records(0)
         return {"indices": indices, "peak": ctx.peak_concurrent_starts(),
                 "built_all_first": ctx.built_all_before_first_start(),
                 "builds": ", ".join(f"w{r.worker} built {r.constructed:.3f} started {r.start_begin}" for r in recs)}
 
-    return check_env.observe("one epoch through a holding context", run, p)
+    # the corners p1..p3 keep their old key: a run made for one id is judged by the other
+    key = (p,) if point.num_workers == N and point.length == 8 else (point.text(BOUND.dims),)
+    return check_env.observe("one epoch through a holding context", run, *key)
+
+
+def _judge_bound(check_env, point: Point) -> None:
+    got = _bounded_start(check_env, point)
+    n, p = point.num_workers, point.parallelism
+    assert got["indices"] == list(range(point.length)), (
+        f"N={n}, p={p}: the epoch served indices {got['indices']}, not 0..{point.length - 1}")
+    assert got["peak"] == min(p, n), (
+        f"parallelism {p} with {n} workers: {got['peak']} starts were in flight at once (want {min(p, n)})")
 
 
 @check("start.respects_bound")
-@pytest.mark.parametrize("p", [1, 2, N], ids=lambda p: f"p{p}")
-def test_respects_bound(check_env, p):
-    if check_env.settings.profile == "quick" and p != 2:
+def test_respects_bound(check_env, ws_point):
+    """Corners p1..p3 (N = 3), the wide corner (N >= 2p, p > usable cores) and explored points."""
+    if check_env.settings.profile == "quick" and ws_point in ("p1", "p3"):
         pytest.skip("quick profile: p=2 only")
-    got = _bounded_start(check_env, p)
-    assert got["indices"] == list(range(8))
-    assert got["peak"] == min(p, N), f"parallelism {p}: {got['peak']} starts were in flight at once (want {min(p, N)})"
+    explore.judge_case(check_env, ws_point, lambda point: _judge_bound(check_env, point))
 
 
 @check("start.builds_all_before_start")
 def test_builds_all_before_start(check_env):
-    got = _bounded_start(check_env, N)
+    got = _bounded_start(check_env, BOUND.corner("p3").point)
     assert got["built_all_first"], "the first start() began before all Process objects existed: " + got["builds"]
 
 

@@ -191,7 +191,7 @@ def _version_of(top: str | None) -> str:
     return str(getattr(mod, "__version__", "unknown"))
 
 
-def _accepts_kwarg(factory: Callable[..., Any], name: str) -> bool:
+def accepts_kwarg(factory: Callable[..., Any], name: str) -> bool:
     try:
         sig = inspect.signature(factory)
     except (TypeError, ValueError):
@@ -225,7 +225,7 @@ def _builtin(name: str) -> tuple[Callable[..., Any], str | None, dict[str, Any]]
         except ImportError as exc:
             raise SpecError(f"built-in loader 'torchdata' needs torchdata installed ({exc})") from None
         kwarg = "spawn_worker_start_parallelism"
-        if _accepts_kwarg(StatefulDataLoader, kwarg) and kwarg in inspect.signature(StatefulDataLoader).parameters:
+        if accepts_kwarg(StatefulDataLoader, kwarg) and kwarg in inspect.signature(StatefulDataLoader).parameters:
             return StatefulDataLoader, kwarg, {"parallel_start": ("spawn",)}
         return StatefulDataLoader, None, {"parallel_start": ()}
     raise SpecError(f"unknown built-in loader {name!r}: choose one of {', '.join(BUILTIN_NAMES)} "
@@ -330,7 +330,7 @@ def resolve(
         kwarg = None
     else:
         kwarg = parallelism_kwarg
-    if kwarg is not None and not _accepts_kwarg(factory, kwarg):
+    if kwarg is not None and not accepts_kwarg(factory, kwarg):
         raise SpecError(f"loader {spec!r} does not accept the parallelism keyword {kwarg!r}")
     if kwarg is None:
         caps["parallel_start"] = ()

@@ -181,6 +181,10 @@ class WorkerstartSession:
                                  ids=[f"{check_id}-none"])
             return
         metafunc.parametrize("ws_context", contexts, ids=[f"{check_id}-{c}" for c in contexts])
+        if "ws_point" in metafunc.fixturenames:
+            from pytest_workerstart import explore
+
+            metafunc.parametrize("ws_point", explore.cases(check_id, self.settings))
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         available = set(protocol.available_contexts())
@@ -412,17 +416,21 @@ class WorkerstartSession:
             check_id, context = known.id, known.context
         rec = self.verdict.apply(report, check_id, context)
         if rec.outcome in ("failed", "error") and rec.reproduce is None:
-            rec.reproduce = self.reproduce(rec.nodeid, context)
+            failing = ((rec.measurements or {}).get("exploration") or {}).get("failing_point")
+            rec.reproduce = self.reproduce(rec.nodeid, context, replay=failing)
         if rec.state == "finished":
             self._write(final=False)
 
-    def reproduce(self, nodeid: str, context: str | None) -> str:
+    def reproduce(self, nodeid: str, context: str | None, replay: str | None = None) -> str:
         """The command that reruns exactly this case: this run's settings as options, the case's
-        context, and the case itself (its node id where a project's module embeds the checks)."""
+        context, the point an exploration failed at, and the case itself (its node id where a
+        project's module embeds the checks)."""
         args = ["pytest"] if self.embedded else ["pytest", "--workerstart"]
         args += [a for a in self.settings.as_args() if not (self.embedded and a.startswith("--workerstart-loader="))]
         if context is not None:
             args.append(f"--workerstart-context={context}")
+        if replay is not None:
+            args.append(f"--workerstart-replay={replay}")
         args += [nodeid] if self.embedded else ["-k", nodeid.rpartition("::")[2]]
         return shlex.join(args)
 

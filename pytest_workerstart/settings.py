@@ -27,6 +27,9 @@ import pytest
 
 KNOWN_CONTEXTS = ("spawn", "forkserver", "fork")
 PROFILES = ("quick", "full")
+#: --workerstart-explore's default in the full profile (seconds per explorable check and context)
+DEFAULT_EXPLORE_S = 10.0
+SPAWN_NOTE = "spawn: two draws"
 #: ``check.id``, ``check.id[context]`` or ``check.id[context-case]`` (the node id's
 #: parameters after the check id, e.g. ``failure.parent_start_error[spawn-middle]``).
 _XFAIL_LINE = re.compile(r"^(?P<id>[a-z_]+\.[a-z_]+)(\[(?P<ctx>[a-z]+(-[\w.-]+)?)\])?\s*:\s*(?P<reason>.*)$")
@@ -75,6 +78,26 @@ def _count(value: Any, where: str) -> int:
     if number < 0:
         raise _usage(where, f"expected a whole number >= 0, got {value!r}")
     return number
+
+
+def _seconds(value: Any, where: str) -> float:
+    """A number of seconds >= 0 (0: off)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise _usage(where, f"expected a number of seconds >= 0, got {value!r}") from None
+    if not number >= 0 or number == float("inf"):
+        raise _usage(where, f"expected a number of seconds >= 0, got {value!r}")
+    return number
+
+
+def _point(value: Any, where: str) -> str:
+    from pytest_workerstart import space
+
+    try:
+        return space.parse(str(value)).text()
+    except space.PointError as exc:
+        raise _usage(where, f"not a point: {exc}") from None
 
 
 def _jobs(value: Any, where: str) -> int | None:
@@ -257,6 +280,15 @@ OPTIONS: tuple[Option, ...] = (
                 "report the rest as not run (0: never)", in_reproduce=False),
     Option("preflight", _bool, True, metavar="BOOL",
            help="first build the loader and fetch one batch in a scenario process; stop saying why if that fails"),
+    Option("explore", _seconds, None, metavar="SECONDS",
+           help="seconds each explorable check may spend per context drawing and judging further points of its "
+                f"space (fork, forkserver; {SPAWN_NOTE}); 0: its fixed corners only "
+                f"(default: 0 in the quick profile, {DEFAULT_EXPLORE_S:g} in full)"),
+    Option("explore_seed", _count, None, metavar="N",
+           help="seed of the explorer's draws (default: a new one each run, recorded per case in the verdict)"),
+    Option("replay", _point, None, metavar="POINT",
+           help="judge exactly POINT (e.g. N=4,p=3) in the explored cases instead of exploring: what a failed "
+                "case's reproduce command passes", in_reproduce=False),
     Option("xfail", _xfail_file, (), metavar="FILE",
            help="file of expected failures: one 'check.id[context-case]: reason' per line (context, case optional)",
            in_reproduce=False),
@@ -291,6 +323,9 @@ class Settings:
     scenario_jobs: int | None  # None: auto
     circuit_breaker: int
     preflight: bool
+    explore: float | None  # None: the profile's default (explore_budget)
+    explore_seed: int | None
+    replay: str | None
     xfail: tuple[tuple[str, str | None, str], ...]
     baseline: str | None
     json: Path | None
@@ -301,6 +336,13 @@ class Settings:
     @property
     def json_path(self) -> Path | None:
         return self.json
+
+    @property
+    def explore_budget(self) -> float:
+        """Seconds of exploration per explorable check and context (0: corners only)."""
+        if self.explore is not None:
+            return self.explore
+        return 0.0 if self.profile == "quick" else DEFAULT_EXPLORE_S
 
     @property
     def xfails(self) -> dict[tuple[str, str | None], str]:

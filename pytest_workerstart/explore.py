@@ -1,0 +1,234 @@
+"""Judge a check at points of its space: a fixed corner, a replayed point, or points drawn
+and shrunk by hypothesis within a time budget.
+
+A clause gives a judge, ``judge(point)``, that raises (an assertion, ``pytest.fail``, a
+stopped step) where the loader is wrong at that point. The explorer draws points from
+the check's :class:`~pytest_workerstart.space.Space`, judges each once (a point drawn
+again replays its outcome, so hypothesis's shrinker and its final replay see one answer
+per point), and once one fails lets hypothesis shrink it to the smallest point that
+still fails. Time is bounded twice: new draws stop when the budget is spent, shrinking
+when its own budget is; the smallest failing point judged so far is then the answer.
+Replaying a point needs no hypothesis database: the verdict carries the point itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+import zlib
+from collections.abc import Callable
+
+import pytest
+
+from pytest_workerstart.space import Point
+
+#: Points judged whatever the budget (under spawn: the only draws), so a seed's first
+#: draws are judged on any machine however slow.
+MIN_POINTS = 5
+SPAWN_POINTS = 2
+#: Shrinking may take this many times the exploration budget (at least SHRINK_FLOOR_S).
+SHRINK_FACTOR, SHRINK_FLOOR_S = 3.0, 20.0
+#: Points a shrink may judge under spawn (each boots its workers).
+SPAWN_SHRINK_POINTS = 6
+
+
+@dataclasses.dataclass
+class Judged:
+    point: Point
+    failure: str | None  # the first line of what failed; None: passed
+    seconds: float
+    origin: str  # corner | drawn | shrink | replay
+    #: the failure's whole text (the first line is ``failure``)
+    detail: str = ""
+
+    def as_json(self, dims: tuple[str, ...]) -> dict:
+        return {"point": self.point.text(dims), "outcome": "failed" if self.failure else "passed",
+                "origin": self.origin, "seconds": round(self.seconds, 2)}
+
+
+@dataclasses.dataclass
+class Exploration:
+    seed: int
+    budget_s: float
+    judged: list[Judged]
+    first_failure: Judged | None = None
+    smallest_failure: Judged | None = None
+    stopped: str = ""
+
+    @property
+    def drawn(self) -> int:
+        return sum(1 for j in self.judged if j.origin == "drawn")
+
+
+class _Spent(BaseException):
+    """Raised through hypothesis (which only catches Exception) when a budget is spent."""
+
+
+class _PointFailed(AssertionError):
+    """The one failure type and site hypothesis sees, whatever the judge raised."""
+
+
+def case_seed(run_seed: int, nodeid: str) -> int:
+    """Each case's own stream of draws, reproducible from the run's seed."""
+    return zlib.crc32(f"{run_seed}:{nodeid}".encode())
+
+
+def judge_once(judge: Callable[[Point], None], point: Point, origin: str) -> Judged:
+    t0 = time.monotonic()
+    try:
+        judge(point)
+        failure, text = None, ""
+    except (Exception, pytest.fail.Exception) as exc:  # skips and interrupts go through
+        text = str(getattr(exc, "msg", None) or exc).strip()
+        failure = (text.splitlines() or [""])[0][:400] or type(exc).__name__
+        text = "\n".join(text.splitlines()[1:])
+        del exc  # its traceback holds the point's loader and workers
+        gc.collect()
+    return Judged(point, failure, time.monotonic() - t0, origin, text)
+
+
+def explore(strategy, judge: Callable[[Point], None], *, seed: int, budget_s: float,
+            min_points: int = MIN_POINTS, max_points: int | None = None,
+            shrink_points: int | None = None) -> Exploration:
+    """Draw points from ``strategy`` until ``budget_s`` is spent (at least ``min_points``, at
+    most ``max_points``), shrink the first failure; never raises for a failing point."""
+    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+    from hypothesis import seed as hseed
+
+    result = Exploration(seed, budget_s, [])
+    seen: dict[Point, Judged] = {}
+    start = time.monotonic()
+    shrink_start: list[float] = []
+    shrink_budget = max(SHRINK_FLOOR_S, SHRINK_FACTOR * budget_s)
+
+    def run(point: Point) -> None:
+        judged = seen.get(point)
+        if judged is None:
+            if result.first_failure is None:
+                drawn = len(result.judged)
+                if drawn >= min_points and (time.monotonic() - start > budget_s
+                                            or (max_points is not None and drawn >= max_points)):
+                    result.stopped = f"budget spent ({drawn} points)"
+                    raise _Spent
+                origin = "drawn"
+            else:
+                shrinks = sum(1 for j in result.judged if j.origin == "shrink")
+                if time.monotonic() - shrink_start[0] > shrink_budget or (
+                        shrink_points is not None and shrinks >= shrink_points):
+                    result.stopped = f"shrink budget spent ({shrinks} shrink steps)"
+                    raise _Spent
+                origin = "shrink"
+            judged = seen[point] = judge_once(judge, point, origin)
+            result.judged.append(judged)
+            if judged.failure is not None:
+                if result.first_failure is None:
+                    result.first_failure = judged
+                    shrink_start.append(time.monotonic())
+                # hypothesis only tries smaller points than the smallest failure so far
+                result.smallest_failure = judged
+        if judged.failure is not None:
+            raise _PointFailed(judged.failure)
+
+    test = settings(database=None, deadline=None, max_examples=10_000, phases=[Phase.generate, Phase.shrink],
+                    suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, print_blob=False,
+                    report_multiple_bugs=False)(hseed(seed)(given(strategy)(run)))
+    try:
+        test()
+        result.stopped = result.stopped or "the space was exhausted"
+    except _PointFailed:
+        result.stopped = result.stopped or "shrunk"
+    except _Spent:
+        pass
+    return result
+
+
+def reason(ex: Exploration, dims: tuple[str, ...]) -> str:
+    """The verdict's reason for an exploration that found a failing point."""
+    small, first = ex.smallest_failure, ex.first_failure
+    steps = sum(1 for j in ex.judged if j.origin == "shrink")
+    origin = (f"explored with seed {ex.seed}: {ex.drawn} points drawn, the failure shrunk from "
+              f"{first.point.text(dims)} in {steps} steps" if small is not first
+              else f"explored with seed {ex.seed}: {ex.drawn} points drawn")
+    return f"at {small.point.text(dims)}: {small.failure} ({origin})"
+
+
+# --- the cases of a check with a declared space ----------------------------------------
+
+#: The case id of a check's explored points (or of a replayed one).
+EXPLORE_CASE = "explore"
+_RUN_SEED: list[int] = []
+
+
+def run_seed(settings) -> int:
+    """The run's seed: the option's, else one drawn once per process."""
+    if settings.explore_seed is not None:
+        return settings.explore_seed
+    if not _RUN_SEED:
+        import random
+
+        _RUN_SEED.append(random.SystemRandom().randrange(2**31))
+    return _RUN_SEED[0]
+
+
+def cases(check_id: str, settings) -> list[str]:
+    """The ``ws_point`` case ids pytest collects for ``check_id``: its corners, then the explored case
+    where the budget is above 0 or a point is replayed."""
+    from pytest_workerstart import space
+
+    sp = space.SPACES[check_id]
+    ids = [c.id for c in sp.corners if c.collected]
+    if sp.strategy is not None and (settings.explore_budget > 0 or settings.replay):
+        ids.append(EXPLORE_CASE)
+    return ids
+
+
+def limits_for(env):
+    from pytest_workerstart import protocol, space
+    from pytest_workerstart.probes.cores import usable_cores
+
+    return space.Limits(usable_cores=usable_cores(), parallel=env.parallel_start_here,
+                        persistent=env.loader.has("persistent_workers"),
+                        in_order_kwarg=protocol.accepts_kwarg(env.loader.factory, "in_order"),
+                        max_workers=4 if env.context_name == "spawn" else 6)
+
+
+def judge_case(env, case: str, judge: Callable[[Point], None]) -> None:
+    """Judge ``case`` of the running check: a corner, the replayed point, or an exploration;
+    the points judged go into the verdict (``points``), a failure names its point first."""
+    from pytest_workerstart import space
+    from pytest_workerstart.probes.cores import usable_cores
+    from pytest_workerstart.verdict import record_measurements
+
+    node = env.request.node
+    check_id = node.get_closest_marker("workerstart_check").args[0]
+    sp = space.SPACES[check_id]
+    if case != EXPLORE_CASE:
+        corner = sp.corner(case)
+        if env.settings.profile not in corner.profiles:
+            pytest.skip(f"{env.settings.profile} profile: corner {case} is judged in the "
+                        f"{' and '.join(corner.profiles)} profile")
+        if env.settings.profile == "quick" and corner.quick_contexts and env.context_name not in corner.quick_contexts:
+            pytest.skip(f"quick profile: corner {case} is judged under {', '.join(corner.quick_contexts)}")
+        point = corner.resolve(usable_cores())
+        record_measurements(node, points=[{"point": point.text(sp.dims), "origin": "corner"}])
+        judge(point)
+        return
+    if env.settings.replay:
+        point = space.parse(env.settings.replay)
+        judged = judge_once(judge, point, "replay")
+        record_measurements(node, points=[judged.as_json(sp.dims)])
+        if judged.failure:
+            pytest.fail(f"at {point.text(sp.dims)} (replayed): {judged.failure}\n{judged.detail}", pytrace=False)
+        return
+    seed = case_seed(run_seed(env.settings), node.nodeid)
+    spawn = env.context_name == "spawn"
+    ex = explore(sp.strategy(limits_for(env)), judge, seed=seed, budget_s=env.settings.explore_budget,
+                 min_points=SPAWN_POINTS if spawn else MIN_POINTS, max_points=SPAWN_POINTS if spawn else None,
+                 shrink_points=SPAWN_SHRINK_POINTS if spawn else None)
+    failed = ex.smallest_failure
+    record_measurements(node, points=[j.as_json(sp.dims) for j in ex.judged], exploration={
+        "seed": seed, "run_seed": run_seed(env.settings), "budget_s": ex.budget_s, "drawn": ex.drawn,
+        "stopped": ex.stopped, "failing_point": failed.point.text(sp.dims) if failed else None})
+    if failed is not None:
+        pytest.fail(f"{reason(ex, sp.dims)}\n{failed.detail}", pytrace=False)

@@ -1,0 +1,221 @@
+"""The configurations a check judges: its dimensions, fixed corners and explored region.
+
+One :class:`Space` per check whose truth depends on the loader's arguments: the
+dimensions it varies (a subset of :class:`Point`'s fields), the fixed corners every
+run of a profile judges, and the region the explorer draws further points from
+(:mod:`pytest_workerstart.explore`, with hypothesis). Everything else (the cases
+pytest collects, the explorer's draws, the verdict's list of judged points, the
+replay option) derives from this table. Checks without an entry judge the fixed
+configuration their clause module names. Pure data plus hypothesis strategies,
+built on demand: the plugin imports this without hypothesis or torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+#: Point field -> (short key in a point's text, what it is)
+DIMENSIONS: dict[str, tuple[str, str]] = {
+    "num_workers": ("N", "num_workers"),
+    "parallelism": ("p", "the parallelism keyword's value (none: not passed)"),
+    "dataset": ("data", "map (indexable) or iterable (sharded by get_worker_info())"),
+    "length": ("len", "samples in the dataset; an iterable's shards are uneven when N does not divide it"),
+    "batch_size": ("batch", "batch_size (none: no automatic batching)"),
+    "drop_last": ("drop_last", "drop_last"),
+    "prefetch_factor": ("prefetch", "prefetch_factor"),
+    "persistent_workers": ("persistent", "persistent_workers"),
+    "in_order": ("in_order", "in_order (none: not passed)"),
+    "epochs": ("epochs", "epochs iterated over one loader"),
+}
+_BY_KEY = {key: name for name, (key, _) in DIMENSIONS.items()}
+#: The most workers a point starts: the suite judges a logical bound, not a machine's size.
+MAX_WORKERS = 16
+
+
+class PointError(ValueError):
+    """A point's text that does not parse (the replay option names it)."""
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Point:
+    """One configuration of the loader's arguments."""
+
+    num_workers: int = 3
+    parallelism: int | None = None
+    dataset: str = "map"
+    length: int = 8
+    batch_size: int | None = 2
+    drop_last: bool = False
+    prefetch_factor: int | None = None
+    persistent_workers: bool = False
+    in_order: bool | None = None
+    epochs: int = 1
+
+    def text(self, dims: tuple[str, ...] | None = None) -> str:
+        """``N=6,p=3,...``: the dimensions ``dims`` (default: all), parseable by :func:`parse`."""
+        parts = []
+        for name in dims or DIMENSIONS:
+            value = getattr(self, name)
+            shown = "none" if value is None else str(int(value)) if isinstance(value, bool) else str(value)
+            parts.append(f"{DIMENSIONS[name][0]}={shown}")
+        return ",".join(parts)
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """The DataLoader keywords of this point, beside num_workers and parallelism."""
+        out: dict[str, Any] = {"batch_size": self.batch_size}
+        if self.batch_size is not None:
+            out["drop_last"] = self.drop_last
+        if self.prefetch_factor is not None:
+            out["prefetch_factor"] = self.prefetch_factor
+        if self.persistent_workers:
+            out["persistent_workers"] = True
+        if self.in_order is not None:
+            out["in_order"] = self.in_order
+        return out
+
+    @property
+    def uneven(self) -> bool:
+        return self.dataset == "iterable" and self.length % self.num_workers != 0
+
+
+def parse(text: str) -> Point:
+    """The point ``text`` (as :meth:`Point.text` writes it) describes; unnamed fields keep their defaults."""
+    values: dict[str, Any] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, sep, raw = part.partition("=")
+        name = _BY_KEY.get(key.strip())
+        if not sep or name is None:
+            raise PointError(f"{part!r}: expected KEY=VALUE with KEY one of {', '.join(_BY_KEY)}")
+        raw = raw.strip().lower()
+        field_type = {f.name: f.type for f in dataclasses.fields(Point)}[name]
+        try:
+            if raw == "none" and "None" in str(field_type):
+                values[name] = None
+            elif name == "dataset":
+                if raw not in ("map", "iterable"):
+                    raise ValueError
+                values[name] = raw
+            elif "bool" in str(field_type):
+                values[name] = {"1": True, "0": False, "true": True, "false": False}[raw]
+            else:
+                values[name] = int(raw)
+        except (KeyError, ValueError):
+            raise PointError(f"{part!r}: {raw!r} is not a value of {key}") from None
+    point = Point(**values)
+    if not 1 <= point.num_workers <= MAX_WORKERS:
+        raise PointError(f"N={point.num_workers}: expected 1..{MAX_WORKERS}")
+    if point.parallelism is not None and point.parallelism < 1:
+        raise PointError(f"p={point.parallelism}: expected >= 1 or none")
+    return point
+
+
+@dataclasses.dataclass(frozen=True)
+class Corner:
+    """A fixed point every run of the named profiles judges; ``derive`` computes it from the
+    machine's usable cores (the start clause's p > cores corner)."""
+
+    id: str
+    point: Point | None = None
+    derive: Callable[[int], Point] | None = None
+    profiles: tuple[str, ...] = ("quick", "full")
+    #: contexts it is judged in under the quick profile (None: those the check runs in)
+    quick_contexts: tuple[str, ...] | None = None
+    why: str = ""
+    #: False: judged by the check's own function (a case that predates the space), not a ws_point case
+    collected: bool = True
+
+    def resolve(self, usable_cores: int) -> Point:
+        return self.point if self.derive is None else self.derive(usable_cores)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What bounds the explorer's draws in one context for one loader."""
+
+    usable_cores: int
+    parallel: bool  # the loader declares parallel start in this context
+    persistent: bool  # the loader honours persistent_workers
+    in_order_kwarg: bool  # the loader takes an in_order keyword
+    max_workers: int = 6
+
+
+@dataclasses.dataclass(frozen=True)
+class Space:
+    check_id: str
+    dims: tuple[str, ...]
+    corners: tuple[Corner, ...]
+    #: Limits -> a hypothesis strategy of Points (None: fixed corners only)
+    strategy: Callable[[Limits], Any] | None = None
+
+    def corner(self, corner_id: str) -> Corner:
+        return next(c for c in self.corners if c.id == corner_id)
+
+
+# --- the start clause ------------------------------------------------------------------
+
+
+def _wide(usable_cores: int) -> Point:
+    """p above the usable cores and N at least twice p: the bound is logical, not physical."""
+    p = max(3, usable_cores + 1)
+    return Point(num_workers=min(2 * p, MAX_WORKERS), parallelism=p, length=2 * min(2 * p, MAX_WORKERS))
+
+
+def _bound_points(limits: Limits):
+    from hypothesis import strategies as st
+
+    top = max(limits.max_workers, limits.usable_cores + 2)
+
+    @st.composite
+    def draw(d):
+        n = d(st.integers(1, min(top, MAX_WORKERS)))
+        p = d(st.integers(1, min(n + 1, limits.usable_cores + 2)))
+        return Point(num_workers=n, parallelism=p, length=2 * n)
+
+    return draw()
+
+
+# --- data served exactly once ------------------------------------------------------------
+
+
+def _data_points(limits: Limits):
+    from hypothesis import strategies as st
+
+    @st.composite
+    def draw(d):
+        n = d(st.integers(1, limits.max_workers))
+        p = d(st.integers(1, min(n + 1, limits.usable_cores + 2))) if limits.parallel else None
+        length = d(st.integers(1, 40))
+        batch = d(st.one_of(st.none(), st.integers(1, 5)))
+        drop_last = d(st.booleans()) if batch is not None else False
+        prefetch = d(st.one_of(st.none(), st.integers(1, 4)))
+        persistent = d(st.booleans()) if limits.persistent else False
+        in_order = d(st.one_of(st.none(), st.booleans())) if limits.in_order_kwarg else None
+        epochs = d(st.integers(1, 3))
+        return Point(num_workers=n, parallelism=p, dataset="iterable", length=length, batch_size=batch,
+                     drop_last=drop_last, prefetch_factor=prefetch, persistent_workers=persistent,
+                     in_order=in_order, epochs=epochs)
+
+    return draw()
+
+
+SPACES: dict[str, Space] = {s.check_id: s for s in (
+    Space("start.respects_bound", ("num_workers", "parallelism"), (
+        Corner("p1", Point(3, 1)), Corner("p2", Point(3, 2)), Corner("p3", Point(3, 3)),
+        Corner("wide", derive=_wide, quick_contexts=("forkserver",),
+               why="N >= 2p and p > usable cores: an unbounded start and a bound of p differ"),
+    ), _bound_points),
+    Space("sharding.exactly_once",
+          ("num_workers", "parallelism", "dataset", "length", "batch_size", "drop_last", "prefetch_factor",
+           "persistent_workers", "in_order", "epochs"), (
+        Corner("even", Point(3, None, "iterable", 30, None), collected=False,
+               why="even shards, unbatched: the clause's first case"),
+        Corner("uneven", Point(3, 3, "iterable", 31, 2, persistent_workers=True, epochs=2),
+               profiles=("full",), why="uneven shards, two epochs of persistent workers"),
+    ), _data_points),
+)}
+
+
+def get(check_id: str) -> Space | None:
+    return SPACES.get(check_id)
