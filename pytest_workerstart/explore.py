@@ -190,7 +190,7 @@ def limits_for(env):
     return space.Limits(usable_cores=usable_cores(), parallel=env.parallel_start_here,
                         persistent=env.loader.has("persistent_workers"),
                         in_order_kwarg=protocol.accepts_kwarg(env.loader.factory, "in_order"),
-                        max_workers=4 if env.context_name == "spawn" else 6)
+                        max_workers=3 if env.context_name == "spawn" else 6)
 
 
 def judge_case(env, case: str, judge: Callable[[Point], None]) -> None:

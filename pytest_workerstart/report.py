@@ -16,7 +16,7 @@ from pytest_workerstart.verdict import OUTCOMES, Verdict, case_key, cell
 
 def render(tr, *, verdict: Verdict, loader: Any, coverage: dict[str, dict[str, str]],
            forked_by: dict[str, dict[str, int]], baseline: Any, preflight_failure: list[str],
-           exitstatus: int, tb_hint: bool) -> None:
+           exitstatus: int, tb_hint: bool, explore_budget: float = 0.0) -> None:
     """``loader``: the :class:`~pytest_workerstart.protocol.LoaderUnderTest`; ``baseline``: a
     :class:`~pytest_workerstart.baseline.Baseline` or None; ``tb_hint``: say how to see tracebacks."""
     records = list(verdict.records.values())
@@ -61,6 +61,8 @@ def render(tr, *, verdict: Verdict, loader: Any, coverage: dict[str, dict[str, s
         parallel = [c for c, path in clauses.items() if path == "parallel"]
         tr.write_line(f"workerstart: coverage {ctx}: parallel start exercised in "
                       f"{', '.join(parallel) if parallel else 'no clause'}")
+    for line in points_lines(records, explore_budget):
+        tr.write_line(line)
     for ctx, who in forked_by.items():
         if ctx == "forkserver" or set(who) != {"driver"}:
             tr.write_line(f"workerstart: {ctx} workers forked by "
@@ -106,3 +108,46 @@ def _baseline_summary(tr, records, failures, loader, baseline) -> None:
     elif failures and loader.subclasses_torch:
         tr.write_line(f"workerstart: hint: {loader.qualname} subclasses torch's DataLoader; "
                       "--workerstart-baseline=torch shows which of these failures torch has too", yellow=True)
+
+
+def points_lines(records, explore_budget: float) -> list[str]:
+    """One line per clause with a declared space: the points its checks judged (corners, explored)
+    and the range each dimension covered; then which clauses judge fixed configurations only."""
+    from pytest_workerstart import space
+
+    by_clause: dict[str, dict[str, Any]] = {}
+    for r in records:
+        points = (r.measurements or {}).get("points") if r.state == "finished" else None
+        if not points or r.id not in space.SPACES:
+            continue
+        entry = by_clause.setdefault(r.id.split(".")[0], {"corner": set(), "explored": set(), "contexts": set(),
+                                                           "dims": space.SPACES[r.id].dims})
+        for p in points:
+            entry["corner" if p["origin"] == "corner" else "explored"].add(p["point"])
+        if any(p["origin"] != "corner" for p in points):
+            entry["contexts"].add(r.context)
+    lines = []
+    for clause, e in sorted(by_clause.items()):
+        where = f" in {', '.join(sorted(c for c in e['contexts'] if c))}" if e["explored"] else ""
+        explored = f"{len(e['explored'])} explored{where}" if e["explored"] else (
+            "none explored" + (" (--workerstart-explore=0)" if not explore_budget else ""))
+        lines.append(f"workerstart: points {clause}: {len(e['corner'])} fixed, {explored}; "
+                     f"{_ranges(e['corner'] | e['explored'], e['dims'])}")
+    return lines
+
+
+def _ranges(texts: set[str], dims: tuple[str, ...]) -> str:
+    from pytest_workerstart import space
+
+    points = [space.parse(t) for t in texts]
+    parts = []
+    for dim in dims:
+        values = {getattr(p, dim) for p in points}
+        key = space.DIMENSIONS[dim][0]
+        ints = sorted(v for v in values if isinstance(v, int) and not isinstance(v, bool))
+        shown = [f"{ints[0]}-{ints[-1]}" if len(ints) > 1 and ints[-1] - ints[0] > 1 else "/".join(map(str, ints))]
+        shown = [s for s in shown if s]
+        shown += sorted(str(int(v)) if isinstance(v, bool) else str(v) for v in values
+                        if v is None or isinstance(v, (bool, str)))
+        parts.append(f"{key} {'/'.join(s.lower() for s in shown)}")
+    return ", ".join(parts)

@@ -14,6 +14,7 @@
     python -m pytest_workerstart.bench soak --json soak.json                # iterator lifecycles, resources sampled
     python -m pytest_workerstart.bench soak-table soak.json                 # flat or not, per resource (markdown)
     python -m pytest_workerstart.bench soak-plot soak.json -o soak.png
+    python -m pytest_workerstart.bench explore-power --seeds 20 --json power.json   # the explorer's finding rate
 
 Exit status: 0 ok; 1 first-batch digests differ, a trial failed, or ``--compare``
 found a regression; 2 usage error.
@@ -110,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         sys.stdout.write(suite.render(results) if argv[0] == "suite-table" else report.render(argv[0], results))
         return 0
+    if argv[:1] == ["explore-power"]:
+        from pytest_workerstart.bench import explore_power
+
+        return explore_power.main(argv[1:])
     if argv[:1] == ["soak"]:
         from pytest_workerstart.bench import soak
 

@@ -1,0 +1,120 @@
+"""The configuration space in a suite run: loaders whose defect lives in one region of a check's
+space are found, in a fixed corner or by the explorer, and shrunk into their region; the
+reference passes every corner and every explored point; the reproduce command replays the
+shrunk point; the verdict lists the points each case judged."""
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from pytest_workerstart import space
+from pytest_workerstart.fixtures.broken import catalog
+from tests import _batch
+
+CATCHES, _ = catalog.load()
+REGIONAL = {name: c for name, c in CATCHES.items() if c.region is not None}
+#: Where each region lives, as a predicate on the shrunk point (the catalog's ``region`` in words).
+IN_REGION = {
+    "p>=3 and N>p": lambda pt: pt.parallelism >= 3 and pt.num_workers > pt.parallelism,
+    "p>cores and N>cores": lambda pt: pt.parallelism > 2 and pt.num_workers > 2,
+    "uneven shards": lambda pt: pt.uneven,
+    "persistent and epochs>=2": lambda pt: pt.persistent_workers and pt.epochs >= 2,
+    "drop_last": lambda pt: pt.drop_last,
+    "in_order=0": lambda pt: pt.in_order is False,
+}
+#: A generous budget: draws stop at the first failure, so it only bounds the controls, and a
+#: seed's draws up to their first failure are judged however loaded the machine is.
+ARGS = ("--workerstart-context=forkserver", "--workerstart-profile=full", "--workerstart-preflight=false",
+        "--workerstart-explore=40", "--workerstart-explore-seed=1", "-k", "respects_bound or exactly_once_at")
+SLICES: dict = {}
+
+pytestmark = pytest.mark.slow
+
+
+def _judged(tmp_path_factory):
+    if not SLICES:
+        entries = {name: (c.spec, c.targets) for name, c in REGIONAL.items()}
+        entries["reference"] = ("reference", ("start.respects_bound", "sharding.exactly_once"))
+        SLICES.update(_batch.judge(tmp_path_factory.mktemp("regional"), entries, ARGS, timeout=1500))
+    return SLICES
+
+
+def test_every_region_has_a_predicate():
+    assert {c.region for c in REGIONAL.values()} <= set(IN_REGION)
+
+
+@pytest.mark.timeout(3200)
+@pytest.mark.parametrize("name", sorted(REGIONAL))
+def test_a_region_confined_defect_is_found_and_shrunk_into_its_region(name, tmp_path_factory):
+    catch, got = REGIONAL[name], _judged(tmp_path_factory)[name]
+    assert got.finished(), got.describe()
+    (target,) = catch.targets
+    assert "failed" in got.outcomes(target), got.describe()
+    for case in got.checks:
+        if case["outcome"] != "failed" or not case["nodeid"].endswith("-explore]"):
+            continue
+        explored = case["measurements"]["exploration"]
+        point = space.parse(explored["failing_point"])
+        assert IN_REGION[catch.region](point), (name, explored)
+        assert case["reason"].removeprefix("Failed: ").startswith(f"at {point.text(space.SPACES[target].dims)}: "), \
+        case["reason"]
+        assert f"--workerstart-replay={explored['failing_point']}" in shlex.split(case["reproduce"])
+        judged = case["measurements"]["points"]
+        assert judged and all(p["outcome"] in ("passed", "failed") for p in judged)
+    # the explorer-only regions: no fixed corner shows them, the explored case must
+    explored = [c["outcome"] for c in got.checks if c["nodeid"].endswith("-explore]")]
+    corners = [c["outcome"] for c in got.checks if not c["nodeid"].endswith("-explore]")]
+    if "failed" not in corners:
+        assert explored == ["failed"], got.describe()
+
+
+@pytest.mark.timeout(3200)
+def test_the_reference_passes_every_corner_and_explored_point(tmp_path_factory):
+    got = _judged(tmp_path_factory)["reference"]
+    assert got.finished() and got.failed_ids() == set(), got.describe()
+    explored = [c for c in got.checks if c["nodeid"].endswith("-explore]")]
+    assert len(explored) == 2 and all(c["measurements"]["exploration"]["drawn"] >= 5 for c in explored)
+
+
+@pytest.mark.timeout(600)
+def test_the_reproduce_command_replays_the_shrunk_point(tmp_path):
+    """A region loader on torch's DataLoader, under fork: the explored failure's reproduce
+    command (run as printed) judges exactly the shrunk point, and fails there again."""
+    spec = REGIONAL["DropsLastTwice"].spec
+    out = tmp_path / "first.json"
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--workerstart", f"--workerstart-loader={spec}",
+           "--workerstart-context=fork", "--workerstart-explore=40", "--workerstart-explore-seed=1",
+           "--workerstart-preflight=false", "-k", "exactly_once_at", f"--workerstart-json={out}"]
+    subprocess.run(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    from tests.conftest import Verdict
+
+    first = Verdict(out, None)
+    case = next(c for c in first.data["checks"] if c["nodeid"].endswith("-explore]"))
+    assert case["outcome"] == "failed", case
+    rerun = shlex.split(case["reproduce"])
+    assert rerun[0] == "pytest"
+    again = tmp_path / "again.json"
+    subprocess.run([sys.executable, "-m", *rerun, "-p", "no:cacheprovider", f"--workerstart-json={again}"],
+                   cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    replayed = Verdict(again, None).data["checks"]
+    assert [c["outcome"] for c in replayed] == ["failed"], replayed
+    point = case["measurements"]["exploration"]["failing_point"]
+    judged = replayed[0]["measurements"]["points"]
+    assert [(p["point"], p["outcome"], p["origin"]) for p in judged] == [(point, "failed", "replay")]
+    assert replayed[0]["reason"].removeprefix("Failed: ").startswith(f"at {point} (replayed): ")
+
+
+def test_a_bad_replay_point_is_one_usage_line(pytester):
+    result = pytester.runpytest_subprocess("--workerstart", "--workerstart-replay=N=0,p=2", "--co")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--workerstart-replay: not a point: N=0: expected 1..16" in result.stderr.str()
+
+
+def test_the_quick_profile_collects_no_explored_case(pytester):
+    result = pytester.runpytest_subprocess("--workerstart", "--workerstart-profile=quick", "--co", "-q",
+                                           "-k", "respects_bound or exactly_once_at")
+    ids = [line for line in result.stdout.lines if "::" in line]
+    assert ids and not [i for i in ids if "explore" in i], ids
+    assert any("-wide]" in i for i in ids)

@@ -1,0 +1,103 @@
+"""The space of a check and the explorer, without a suite run: points parse back from their
+text, the explorer finds and shrinks a region-confined failure with a pure judge, stops at its
+budget, never raises, and the sharding clause's truth equals torch's own batches."""
+
+import collections
+import dataclasses
+import multiprocessing
+
+import pytest
+from torch.utils.data import DataLoader
+
+from pytest_workerstart import explore, space
+from pytest_workerstart.conformance.test_sharding import _served, expected_batches
+from pytest_workerstart.fixtures.datasets import ShardedRange
+from pytest_workerstart.space import Point
+
+
+def test_a_point_is_its_text():
+    p = Point(6, 3, "iterable", 31, None, False, 1, True, False, 2)
+    assert space.parse(p.text()) == p
+    assert space.parse("N=4,p=3") == Point(4, 3)
+    assert Point(4, 3).text(("num_workers", "parallelism")) == "N=4,p=3"
+
+
+@pytest.mark.parametrize("text, said", [("N=0", "expected 1..16"), ("q=1", "KEY one of"), ("p=x", "'x' is not"),
+                                        ("data=list", "not a value of data"), ("N", "expected KEY=VALUE")])
+def test_a_bad_point_says_what(text, said):
+    with pytest.raises(space.PointError, match=said):
+        space.parse(text)
+
+
+def test_every_space_names_known_dimensions_and_its_corners_parse():
+    for sp in space.SPACES.values():
+        assert set(sp.dims) <= set(space.DIMENSIONS), sp.check_id
+        for corner in sp.corners:
+            point = corner.resolve(2)
+            assert space.parse(point.text()) == point
+
+
+def test_the_wide_corner_is_above_the_cores_and_at_least_twice_p():
+    for cores in (1, 2, 4, 7):
+        p = space.SPACES["start.respects_bound"].corner("wide").resolve(cores)
+        assert p.parallelism > cores and p.num_workers >= min(2 * p.parallelism, space.MAX_WORKERS)
+
+
+LIMITS = space.Limits(usable_cores=2, parallel=True, persistent=True, in_order_kwarg=True)
+
+
+def _unbounded_from_three(point: Point) -> None:
+    p, n = point.parallelism, point.num_workers
+    assert not (p >= 3 and n > p), f"{n} starts at once"
+
+
+def test_the_explorer_finds_and_shrinks_a_region_confined_failure():
+    strategy = space.SPACES["start.respects_bound"].strategy(dataclasses.replace(LIMITS, max_workers=8))
+    ex = explore.explore(strategy, _unbounded_from_three, seed=1, budget_s=5.0, min_points=300)
+    assert ex.smallest_failure is not None, ex.judged
+    assert ex.smallest_failure.point.text(("num_workers", "parallelism")) == "N=4,p=3"
+    assert ex.stopped == "shrunk"
+    reason = explore.reason(ex, ("num_workers", "parallelism"))
+    assert reason.startswith("at N=4,p=3: 4 starts at once (explored with seed 1:"), reason
+
+
+def test_the_explorer_stops_at_its_budget_and_judges_each_point_once():
+    calls = collections.Counter()
+
+    def judge(point):
+        calls[point] += 1
+
+    strategy = space.SPACES["sharding.exactly_once"].strategy(LIMITS)
+    ex = explore.explore(strategy, judge, seed=2, budget_s=0.0, min_points=7)
+    assert ex.smallest_failure is None and len(ex.judged) == 7 and ex.stopped.startswith("budget spent")
+    assert set(calls.values()) == {1}
+
+
+def test_a_judge_that_raises_anything_is_a_failing_point_not_an_error():
+    def judge(point):
+        if point.num_workers > 1:
+            raise RuntimeError("DataLoader worker (pid 1) exited unexpectedly")
+        pytest.fail("a step was stopped")
+
+    ex = explore.explore(space.SPACES["start.respects_bound"].strategy(LIMITS), judge, seed=3, budget_s=1.0)
+    assert ex.smallest_failure.point.num_workers == 1
+    assert ex.smallest_failure.failure == "a step was stopped"
+
+
+def test_a_run_seed_gives_each_case_its_own_reproducible_stream():
+    assert explore.case_seed(7, "a") == explore.case_seed(7, "a") != explore.case_seed(7, "b")
+
+
+@pytest.mark.parametrize("point", [
+    Point(3, None, "iterable", 31, 2, drop_last=True),
+    Point(4, None, "iterable", 10, None),
+    Point(2, None, "iterable", 7, 3, drop_last=False),
+    Point(5, None, "iterable", 3, 2, drop_last=True),
+], ids=lambda p: p.text(("num_workers", "length", "batch_size", "drop_last")))
+@pytest.mark.usefixtures("torch_process_state")
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_the_sharding_truth_is_torchs(point):
+    """expected_batches (computed in the test process) against torch's DataLoader, forked workers."""
+    loader = DataLoader(ShardedRange(point.length), num_workers=point.num_workers,
+                        multiprocessing_context=multiprocessing.get_context("fork"), **point.loader_kwargs())
+    assert sorted(_served(b) for b in loader) == expected_batches(point)
