@@ -28,7 +28,7 @@ import pytest
 KNOWN_CONTEXTS = ("spawn", "forkserver", "fork")
 PROFILES = ("quick", "full")
 #: --workerstart-explore's default in the full profile (seconds per explorable check and context)
-DEFAULT_EXPLORE_S = 5.0
+DEFAULT_EXPLORE_S = 8.0
 SPAWN_NOTE = "spawn: two draws"
 #: ``check.id``, ``check.id[context]`` or ``check.id[context-case]`` (the node id's
 #: parameters after the check id, e.g. ``failure.parent_start_error[spawn-middle]``).

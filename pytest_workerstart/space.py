@@ -191,7 +191,7 @@ def _data_points(limits: Limits):
         drop_last = d(st.booleans()) if batch is not None else False
         prefetch = d(st.one_of(st.none(), st.integers(1, 4)))
         persistent = d(st.booleans()) if limits.persistent else False
-        in_order = d(st.one_of(st.none(), st.booleans())) if limits.in_order_kwarg else None
+        in_order = d(st.sampled_from((None, True, False))) if limits.in_order_kwarg else None
         epochs = d(st.integers(1, 3))
         return Point(num_workers=n, parallelism=p, dataset="iterable", length=length, batch_size=batch,
                      drop_last=drop_last, prefetch_factor=prefetch, persistent_workers=persistent,
