@@ -27,7 +27,7 @@ IN_REGION = {
 #: A generous budget: draws stop at the first failure, so it only bounds the controls, and a
 #: seed's draws up to their first failure are judged however loaded the machine is.
 ARGS = ("--workerstart-context=forkserver", "--workerstart-profile=full", "--workerstart-preflight=false",
-        "--workerstart-explore=40", "--workerstart-explore-seed=1", "-k", "respects_bound or exactly_once_at")
+        "--workerstart-explore=20", "--workerstart-explore-seed=1", "-k", "respects_bound or exactly_once_at")
 SLICES: dict = {}
 
 pytestmark = pytest.mark.slow
