@@ -8,7 +8,6 @@ one context: see ``_ranks_context``.
 """
 
 import collections
-import dataclasses
 
 import pytest
 
@@ -84,12 +83,7 @@ def test_exactly_once(check_env):
 def test_exactly_once_at(check_env, ws_point):
     """The space's corners beyond the first case, and explored points: uneven shards, batch_size
     None or not, drop_last, prefetch_factor, persistent workers over epochs, in_order."""
-    def judge(point: Point) -> None:
-        if point.parallelism is not None and not check_env.parallel_start_here:
-            point = dataclasses.replace(point, parallelism=None)
-        judge_point(check_env, point)
-
-    explore.judge_case(check_env, ws_point, judge)
+    explore.judge_case(check_env, ws_point, lambda point: judge_point(check_env, point))
 
 
 WORLD = 2

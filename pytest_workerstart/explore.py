@@ -193,6 +193,27 @@ def limits_for(env):
                         max_workers=3 if env.context_name == "spawn" else 6)
 
 
+def _here(env, point: Point) -> Point:
+    """``point`` as judged in this context: no parallelism keyword where the loader declares no
+    parallel start (as every check passes it)."""
+    if point.parallelism is not None and not env.parallel_start_here:
+        return dataclasses.replace(point, parallelism=None)
+    return point
+
+
+def _judge_naming(judge: Callable[[Point], None], point: Point, where: str) -> None:
+    """``judge(point)``; a failure's first line starts with ``where`` (the exception is kept:
+    a stopped step stays one, with its cleanup)."""
+    try:
+        judge(point)
+    except pytest.fail.Exception as exc:
+        exc.msg = f"{where}: {exc.msg}"
+        raise
+    except AssertionError as exc:
+        exc.args = (f"{where}: {exc.args[0] if exc.args else ''}", *exc.args[1:])
+        raise
+
+
 def judge_case(env, case: str, judge: Callable[[Point], None]) -> None:
     """Judge ``case`` of the running check: a corner, the replayed point, or an exploration;
     the points judged go into the verdict (``points``), a failure names its point first."""
@@ -210,12 +231,12 @@ def judge_case(env, case: str, judge: Callable[[Point], None]) -> None:
                         f"{' and '.join(corner.profiles)} profile")
         if env.settings.profile == "quick" and corner.quick_contexts and env.context_name not in corner.quick_contexts:
             pytest.skip(f"quick profile: corner {case} is judged under {', '.join(corner.quick_contexts)}")
-        point = corner.resolve(usable_cores())
+        point = _here(env, corner.resolve(usable_cores()))
         record_measurements(node, points=[{"point": point.text(sp.dims), "origin": "corner"}])
-        judge(point)
+        _judge_naming(judge, point, f"at {point.text(sp.dims)} (corner {case})")
         return
     if env.settings.replay:
-        point = space.parse(env.settings.replay)
+        point = _here(env, space.parse(env.settings.replay))
         judged = judge_once(judge, point, "replay")
         record_measurements(node, points=[judged.as_json(sp.dims)])
         if judged.failure:

@@ -63,6 +63,11 @@ def test_a_region_confined_defect_is_found_and_shrunk_into_its_region(name, tmp_
         assert f"--workerstart-replay={explored['failing_point']}" in shlex.split(case["reproduce"])
         judged = case["measurements"]["points"]
         assert judged and all(p["outcome"] in ("passed", "failed") for p in judged)
+    for case in got.checks:  # a corner's failure names its point too
+        if case["outcome"] == "failed" and not case["nodeid"].endswith("-explore]"):
+            corner = case["nodeid"].rpartition("-")[2].rstrip("]")
+            point = case["measurements"]["points"][0]["point"]
+            assert f"at {point} (corner {corner}): " in case["reason"], case["reason"]
     # the explorer-only regions: no fixed corner shows them, the explored case must
     explored = [c["outcome"] for c in got.checks if c["nodeid"].endswith("-explore]")]
     corners = [c["outcome"] for c in got.checks if not c["nodeid"].endswith("-explore]")]
