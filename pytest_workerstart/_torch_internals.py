@@ -28,6 +28,7 @@ import functools
 import inspect
 import queue
 import signal
+import sys
 import threading
 import time
 
@@ -285,6 +286,23 @@ def process_state_restored():
             remove_pids(key)
         signal.signal(signal.SIGCHLD, handler)
         handling._SIGCHLD_handler_set = handler_set
+
+
+def sigchld_note() -> bool | None:
+    """Whether torch notes its SIGCHLD handler as installed (None: torch's data package not imported)."""
+    if "torch.utils.data" not in sys.modules:
+        return None
+    from torch.utils.data._utils import signal_handling
+
+    return signal_handling._SIGCHLD_handler_set
+
+
+def set_sigchld_note(value: bool | None) -> None:
+    """Put back what :func:`sigchld_note` returned (None: nothing to put back)."""
+    if value is not None:
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._SIGCHLD_handler_set = value
 
 
 def forget_killed_workers(pids: set[int]) -> int:

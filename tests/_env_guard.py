@@ -44,18 +44,18 @@ def _restore_handlers(saved: dict[int, Any]) -> None:
 
 
 def _torch_sigchld_note() -> bool | None:
-    if "torch.utils.data" not in sys.modules:
+    if "torch.utils.data" not in sys.modules:  # importing the internals would import torch
         return None
-    from torch.utils.data._utils import signal_handling
+    from pytest_workerstart import _torch_internals
 
-    return signal_handling._SIGCHLD_handler_set
+    return _torch_internals.sigchld_note()
 
 
 def _restore_torch_sigchld_note(value: bool | None) -> None:
     if value is not None:
-        from torch.utils.data._utils import signal_handling
+        from pytest_workerstart import _torch_internals
 
-        signal_handling._SIGCHLD_handler_set = value
+        _torch_internals.set_sigchld_note(value)
 
 
 def _start_method() -> str | None:
