@@ -266,7 +266,7 @@ class CheckEnv:
         """Run ``fn``, which must raise; the error is held (``what``: the failure if it does not)."""
         try:
             fn()
-        except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt is a legitimate outcome here
+        except BaseException as exc:
             from pytest_workerstart.harness.reaper import Terminated
 
             if isinstance(exc, (pytest.fail.Exception, pytest.skip.Exception, Terminated)):

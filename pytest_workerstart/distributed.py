@@ -58,7 +58,7 @@ def run_rank(rank: int, world_size: int, init_method: str, loader: dict, context
             dl = under_test.make(ShardedRange(n, rank=rank, world_size=world_size), num_workers=num_workers,
                           multiprocessing_context=ctx, parallelism=parallelism, batch_size=None)
             report["iterable"] = [int(x) for x in dl]
-        except Exception as exc:  # noqa: BLE001 - the failing rank's outcome
+        except Exception as exc:
             report["raised"] = describe_chain(exc)
             exc = None
         dl = None
@@ -69,13 +69,13 @@ def run_rank(rank: int, world_size: int, init_method: str, loader: dict, context
             try:
                 dist.barrier()
                 report["barrier"] = "ok"
-            except Exception as exc:  # noqa: BLE001 - a peer that never arrives
+            except Exception as exc:
                 report["barrier"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             report["barrier_s"] = time.monotonic() - t1
         ctx.close()
         if destroy:
             dist.destroy_process_group()
-    except Exception as exc:  # noqa: BLE001 - reported, never a hang
+    except Exception as exc:
         report["setup_error"] = describe_chain(exc)
     return report
 

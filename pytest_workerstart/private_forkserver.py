@@ -131,13 +131,13 @@ def _preload(modules: list[str], prep: dict) -> None:
         for name in modules:
             try:
                 importlib.import_module(name)
-            except BaseException:  # noqa: BLE001 - never kill the server over a preload
+            except BaseException:
                 pass
         # as in a worker: a main module that starts processes when imported raises
         process.current_process()._inheriting = True
         try:
             spawn.prepare(main)
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             pass
         finally:
             del process.current_process()._inheriting

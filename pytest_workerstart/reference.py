@@ -58,7 +58,7 @@ from torch.utils.data import DataLoader
 
 from pytest_workerstart import _torch_internals as torch_internals
 from pytest_workerstart import driverwatch, private_forkserver
-from pytest_workerstart.probes.cores import usable_cores  # noqa: F401 - public here too (docs/reference.md)
+from pytest_workerstart.probes.cores import usable_cores
 
 __all__ = ["ParallelStartDataLoader", "WorkerStartError", "WorkerFailedError", "preload_forkserver", "usable_cores"]
 
@@ -104,7 +104,7 @@ def _unpicklable_argument(arguments: dict) -> str | None:
     for name, value in arguments.items():
         try:
             ForkingPickler.dumps(value)
-        except Exception as exc:  # noqa: BLE001 - only a pickling error counts
+        except Exception as exc:
             if _is_pickling_error(exc):
                 return name
     return None
@@ -358,7 +358,7 @@ def _bare_copy(exc: BaseException | None) -> BaseException | None:
         return None
     try:
         return type(exc)(*exc.args)
-    except Exception:  # noqa: BLE001 - an exception type with its own constructor
+    except Exception:
         return RuntimeError(str(exc))
 
 
@@ -475,7 +475,7 @@ class _Launcher:
                     return
             try:
                 self.workers[i].start()
-            except BaseException as exc:  # noqa: BLE001 - reported by failure()
+            except BaseException as exc:
                 self.errors[i] = exc
                 self._stop.set()
 

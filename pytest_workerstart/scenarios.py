@@ -239,7 +239,7 @@ def _child_fault_once(under_test, context: str, fault: str, worker: int, num_wor
             ctx.kill_workers()
             ctx.close()
             return {"overdue": str(exc).splitlines()[0], "pids": {r.worker: r.pid for r in ctx.records(0)}}
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         error = exc
     t_err = time.monotonic()
     recs = ctx.records(0)
@@ -337,7 +337,7 @@ def scenario_forkserver_died(loader: dict, context: str, persistent: bool, num_w
     t0 = time.monotonic()
     try:
         out["second"] = [int(i) for b in dl for i in b["index"]]
-    except Exception as exc:  # noqa: BLE001 - what the loader raised is the observation
+    except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"[:2000]
     out["elapsed_s"] = time.monotonic() - t0
     del dl
@@ -369,7 +369,7 @@ def scenario_interrupt(loader: dict, context: str, worker: int, num_workers: int
         while not _start_began(ctx, worker) and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(1.0)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         holder.append(exc)
     began = _start_began(ctx, worker)
     raised = [f"{type(e).__name__}" for e in holder]

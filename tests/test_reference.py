@@ -177,7 +177,7 @@ def test_worker_error_releases_workers_promptly():
     box = []
     try:
         list(loader)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         box.append(exc)
     assert box
     t0 = time.monotonic()
@@ -186,11 +186,11 @@ def test_worker_error_releases_workers_promptly():
     assert time.monotonic() - t0 < 3.0
 
 
-def test_deferred_start_first_batch_does_not_wait_for_later_workers():
-    """p > 1: iter() returns while starts run; batch 0 needs only worker 0."""
-    # Worker 3's start sleeps 15 s. 3 s was not enough: in tox's py312-forkserver env worker 0's boot (torch
-    # import, no preload) under load took over 3 s. The proper fix is a gated start fault released by the test.
-    ctx = InstrumentedContext("forkserver", num_workers=4, faults=FaultPlan.start_delay({3: 15.0}))
+def test_deferred_start_first_batch_does_not_wait_for_later_workers(tmp_path):
+    """p > 1: iter() returns while starts run; batch 0 needs only worker 0 (worker 3's start
+    is held until the first batch has arrived)."""
+    gate = tmp_path / "open"
+    ctx = InstrumentedContext("forkserver", num_workers=4, faults=FaultPlan.start_gate(3, str(gate)))
     loader = ParallelStartDataLoader(WorkerTagDataset(16), num_workers=4, multiprocessing_context=ctx,
                                      worker_start_parallelism=2, batch_size=2)
     t0 = time.monotonic()
@@ -199,6 +199,7 @@ def test_deferred_start_first_batch_does_not_wait_for_later_workers():
     assert ctx.records(0)[3].start_end is None, (
         f"the first batch waited for the last worker's start ({time.monotonic() - t0:.1f} s)")
     assert first["worker"].tolist() == [0, 0]
+    gate.touch()
     rest = [b["index"].tolist() for b in it]
     assert [first["index"].tolist()] + rest == [[i, i + 1] for i in range(0, 16, 2)]
 

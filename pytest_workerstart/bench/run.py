@@ -213,15 +213,6 @@ def digest_summary(configs: list[Config], digests: dict[str, set[str]]) -> dict[
             "per_config": {k: sorted(v) for k, v in digests.items()}}
 
 
-def redo_digests(result: dict[str, Any]) -> None:
-    """Recompute ``result["digests"]`` from its raw trials (for results written by older versions)."""
-    configs = [Config(c["loader"], c["context"], c["num_workers"], c["parallelism"])
-               for c in result["configs"].values()]
-    digests = {c.name: {t["first_batch_digest"] for t in result["configs"][c.name]["trials"] if "error" not in t}
-               for c in configs}
-    result["digests"] = digest_summary(configs, digests)
-
-
 def run(args, progress) -> dict[str, Any]:
     from pytest_workerstart import protocol
     from pytest_workerstart.bench import eurosat

@@ -225,7 +225,7 @@ def _child_main(request_path: str) -> int:
         func = getattr(importlib.import_module(module_name), func_name)
         value = func(**req["kwargs"])
         out = {"status": "ok", "value": value}
-    except BaseException as exc:  # noqa: BLE001 - everything is reported
+    except BaseException as exc:
         out = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
                "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
     tmp = req["result"] + ".tmp"

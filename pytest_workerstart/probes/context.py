@@ -48,12 +48,6 @@ class WorkerRecord:
     exitcode: int | None = None
 
     @property
-    def start_duration(self) -> float | None:
-        if self.start_begin is None or self.start_end is None:
-            return None
-        return self.start_end - self.start_begin
-
-    @property
     def start_duration_unheld(self) -> float | None:
         """The start's own duration, without the context's hold."""
         if self.start_released is None or self.start_end is None:
@@ -277,7 +271,7 @@ class InstrumentedContext(BaseContext):
             raise AttributeError(name)
         return getattr(self._inner, name)
 
-    def Process(self, *args, **kwargs):  # noqa: N802 (multiprocessing's API)
+    def Process(self, *args, **kwargs):
         cls = _PROCESS_CLASSES[self._name]
         proc = cls(*args, **kwargs)
         key = self._recorder.construct(proc)

@@ -128,7 +128,7 @@ def deadline(step: str, seconds: float | None, on_expiry: Callable[[], str] | No
         if on_expiry is not None:
             try:
                 details.append(on_expiry())
-            except Exception as exc:  # noqa: BLE001 - diagnostics must not mask the hang
+            except Exception as exc:
                 details.append(f"(could not gather stacks: {exc!r})")
         abort.append(make("".join(details)))
         while not done.is_set():  # a handler can be delayed by C code; keep knocking

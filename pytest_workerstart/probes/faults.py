@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 
-PARENT_KINDS = ("start_error", "start_delay", "interrupt")
+PARENT_KINDS = ("start_error", "start_delay", "start_gate", "interrupt")
 CHILD_KINDS = ("child_exit", "child_hang", "child_kill")
 
 
@@ -29,8 +29,9 @@ def position_to_worker(position: str | int, num_workers: int) -> int:
 class Fault:
     kind: str
     worker: int
-    value: float = 0.0  # exit code for child_exit, seconds for start_delay
+    value: float = 0.0  # exit code for child_exit, seconds for start_delay, the most seconds start_gate waits
     generation: int | None = 0  # which iterator's workers (0 = the first); None = every
+    path: str | None = None  # start_gate: the file whose creation opens the gate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +53,12 @@ class FaultPlan:
     def start_delay(cls, delays: dict[int, float], generation: int | None = 0) -> FaultPlan:
         """``Process.start()`` of each worker sleeps first (adversarial timing)."""
         return cls(tuple(Fault("start_delay", w, d, generation) for w, d in delays.items()))
+
+    @classmethod
+    def start_gate(cls, worker: int, path: str, patience: float = 60.0) -> FaultPlan:
+        """``Process.start()`` of ``worker`` waits until ``path`` exists (at most ``patience`` s):
+        a test opens the gate when it has seen what it needed while that start was held."""
+        return cls((Fault("start_gate", worker, patience, 0, path),))
 
     @classmethod
     def reverse_finish(cls, num_workers: int, step: float = 0.4) -> FaultPlan:
@@ -122,6 +129,10 @@ def apply_parent_fault(fault: Fault) -> None:
         raise InjectedStartError(errno.EAGAIN, f"injected by workerstart: start() of worker {fault.worker}")
     if fault.kind == "start_delay":
         time.sleep(fault.value)
+    elif fault.kind == "start_gate":
+        deadline = time.monotonic() + fault.value
+        while not os.path.exists(fault.path) and time.monotonic() < deadline:
+            time.sleep(0.02)
     elif fault.kind == "interrupt":
         # To the main thread, as a terminal's Ctrl-C reaches it. Not os.kill(getpid()):
         # Linux hands a process-directed signal to the sending thread when it can, so
