@@ -13,8 +13,10 @@ Replaying a point needs no hypothesis database: the verdict carries the point it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
+import tempfile
 import time
 import zlib
 from collections.abc import Callable
@@ -133,14 +135,32 @@ def explore(strategy, judge: Callable[[Point], None], *, seed: int, budget_s: fl
     test = settings(database=None, deadline=None, max_examples=10_000, phases=[Phase.generate, Phase.shrink],
                     suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, print_blob=False,
                     report_multiple_bugs=False)(hseed(seed)(given(strategy)(run)))
-    try:
-        test()
-        result.stopped = result.stopped or "the space was exhausted"
-    except _PointFailed:
-        result.stopped = result.stopped or "shrunk"
-    except _Spent:
-        pass
+    with _no_storage_in_cwd():
+        try:
+            test()
+            result.stopped = result.stopped or "the space was exhausted"
+        except _PointFailed:
+            result.stopped = result.stopped or "shrunk"
+        except _Spent:
+            pass
     return result
+
+
+@contextlib.contextmanager
+def _no_storage_in_cwd():
+    """hypothesis caches what it reads from source files in ``.hypothesis/`` of the working
+    directory (even without a database): the suite leaves nothing in a user's project, so
+    that cache goes to a temporary directory for the exploration, and the user's setting
+    (their own tests may use hypothesis) is put back."""
+    from hypothesis import configuration
+
+    previous = getattr(configuration, "__hypothesis_home_directory", None)
+    with tempfile.TemporaryDirectory(prefix="ws-hypothesis-") as home:
+        configuration.set_hypothesis_home_dir(home)
+        try:
+            yield
+        finally:
+            configuration.set_hypothesis_home_dir(previous)
 
 
 def reason(ex: Exploration, dims: tuple[str, ...]) -> str:

@@ -109,6 +109,7 @@ def test_the_reproduce_command_replays_the_shrunk_point(tmp_path):
     judged = replayed[0]["measurements"]["points"]
     assert [(p["point"], p["outcome"], p["origin"]) for p in judged] == [(point, "failed", "replay")]
     assert replayed[0]["reason"].removeprefix("Failed: ").startswith(f"at {point} (replayed): ")
+    assert not (tmp_path / ".hypothesis").exists(), "the explorer left hypothesis's cache in the working directory"
 
 
 def test_a_bad_replay_point_is_one_usage_line(pytester):
