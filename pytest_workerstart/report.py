@@ -126,13 +126,15 @@ def points_lines(records, explore_budget: float) -> list[str]:
             entry["corner" if p["origin"] == "corner" else "explored"].add(p["point"])
         if any(p["origin"] != "corner" for p in points):
             entry["contexts"].add(r.context)
-    lines = []
+    lines: list[str] = []
     for clause, e in sorted(by_clause.items()):
         where = f" in {', '.join(sorted(c for c in e['contexts'] if c))}" if e["explored"] else ""
         explored = f"{len(e['explored'])} explored{where}" if e["explored"] else (
             "none explored" + (" (--workerstart-explore=0)" if not explore_budget else ""))
         lines.append(f"workerstart: points {clause}: {len(e['corner'])} fixed, {explored}; "
                      f"{_ranges(e['corner'] | e['explored'], e['dims'])}")
+    if lines:
+        lines.append("workerstart: points: the clauses not listed judge the fixed configurations of docs/contract.md")
     return lines
 
 
@@ -145,7 +147,8 @@ def _ranges(texts: set[str], dims: tuple[str, ...]) -> str:
         values = {getattr(p, dim) for p in points}
         key = space.DIMENSIONS[dim][0]
         ints = sorted(v for v in values if isinstance(v, int) and not isinstance(v, bool))
-        shown = [f"{ints[0]}-{ints[-1]}" if len(ints) > 1 and ints[-1] - ints[0] > 1 else "/".join(map(str, ints))]
+        # a few values are listed; more as their range (not every value in it was judged)
+        shown = [f"{ints[0]}..{ints[-1]}" if len(ints) > 4 else "/".join(map(str, ints))]
         shown = [s for s in shown if s]
         shown += sorted(str(int(v)) if isinstance(v, bool) else str(v) for v in values
                         if v is None or isinstance(v, (bool, str)))

@@ -101,3 +101,22 @@ def test_the_sharding_truth_is_torchs(point):
     loader = DataLoader(ShardedRange(point.length), num_workers=point.num_workers,
                         multiprocessing_context=multiprocessing.get_context("fork"), **point.loader_kwargs())
     assert sorted(_served(b) for b in loader) == expected_batches(point)
+
+
+def test_the_terminal_says_per_clause_which_points_were_judged():
+    from pytest_workerstart.report import points_lines
+    from pytest_workerstart.verdict import CheckRecord
+
+    def rec(nodeid, check_id, ctx, points):
+        r = CheckRecord(nodeid, check_id, ctx, state="finished", outcome="passed")
+        r.measurements = {"points": [{"point": p, "origin": o} for p, o in points]}
+        return r
+
+    records = [rec("a", "start.respects_bound", "spawn", [("N=3,p=1", "corner")]),
+               rec("b", "start.respects_bound", "fork", [("N=6,p=3", "corner")]),
+               rec("c", "start.respects_bound", "fork", [("N=2,p=2", "drawn"), ("N=5,p=4", "shrink")])]
+    assert points_lines(records, 8.0) == [
+        "workerstart: points start: 2 fixed, 2 explored in fork; N 2/3/5/6, p 1/2/3/4",
+        "workerstart: points: the clauses not listed judge the fixed configurations of docs/contract.md"]
+    assert points_lines(records[:2], 0.0)[0] == (
+        "workerstart: points start: 2 fixed, none explored (--workerstart-explore=0); N 3/6, p 1/3")
