@@ -111,9 +111,11 @@ def table(result: dict) -> str:
     """Markdown: one row per run, then where each run's time went."""
     m = result["machine"]
     lines = [f"Machine: {result.get('label') or 'unlabelled'}, {m['cores']} usable cores, Python {m['python']}, "
-             f"{m['when']}.", "",
-             "| loader | profile | contexts | wall s | CPU s (reaped tree) | in checks s | "
-             "before and between checks s | passed / failed / skipped |", "|---|---|---|---|---|---|---|---|"]
+             f"{m['when']}.", ""]
+    if result.get("note"):  # what a reader must know to compare the rows (runs of different times)
+        lines += [f"Note: {result['note']}", ""]
+    lines += ["| loader | profile | contexts | wall s | CPU s (reaped tree) | in checks s | "
+              "before and between checks s | passed / failed / skipped |", "|---|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
         n = _by([{**c, "duration_s": 1} for c in r["cases"]], lambda c: c["outcome"])
         between = r["wall_s"] - r["checks_s"]
