@@ -15,12 +15,13 @@ from typing import Any, TypeVar
 
 import pytest
 
+from pytest_workerstart import space
 from pytest_workerstart.probes import leaks
 from pytest_workerstart.probes.context import InstrumentedContext, warm_forkserver
 from pytest_workerstart.probes.deadline import StepAborted, deadline, memory_limit_bytes, thread_stacks, tree_rss_over
 from pytest_workerstart.probes.faults import FaultPlan
 from pytest_workerstart.probes.leaks import LeakReport, LeakSnapshot
-from pytest_workerstart.verdict import record_measurements
+from pytest_workerstart.verdict import MEASUREMENTS, record_measurements
 
 T = TypeVar("T")
 #: (loader spec, context, what, key...) -> (nodeid that made the run, "ok" | "failed", facts or error line)
@@ -181,9 +182,10 @@ class CheckEnv:
         """The result of this check's ``@planned_scenario`` (see :mod:`pytest_workerstart.harness.lookahead`)."""
         from pytest_workerstart.harness import lookahead
 
-        if self.lookahead is None:
-            return lookahead.run_now(self.request.node, self)
-        return self.lookahead.result(self.request.node, self)
+        res = (lookahead.run_now(self.request.node, self) if self.lookahead is None
+               else self.lookahead.result(self.request.node, self))
+        space.note(res.built)
+        return res
 
     def memory_guard(self) -> Callable[[], str | None]:
         return tree_rss_over(self.memory_limit)
@@ -234,18 +236,20 @@ class CheckEnv:
         cache = self.request.config.stash.setdefault(OBSERVATIONS, {})
         full = (self.loader.spec, self.context_name, what, *key)
         if full in cache:
-            origin, status, value = cache[full]
+            origin, status, value, built = cache[full]
             record_measurements(self.request.node, observed_in=origin)
+            space.note(built)
             if status == "failed":
                 pytest.fail(f"{what}: the run this check judges failed in {origin}: {value}", pytrace=False)
             return value
-        try:
-            value = fn()
-        except (Exception, pytest.fail.Exception) as exc:  # a skip is not a failed run: not cached
-            line = (str(exc).strip().splitlines() or [""])[0][:300]
-            cache[full] = (self.request.node.nodeid, "failed", f"{type(exc).__name__}: {line}")
-            raise
-        cache[full] = (self.request.node.nodeid, "ok", value)
+        with space.recording() as built:
+            try:
+                value = fn()
+            except (Exception, pytest.fail.Exception) as exc:  # a skip is not a failed run: not cached
+                line = (str(exc).strip().splitlines() or [""])[0][:300]
+                cache[full] = (self.request.node.nodeid, "failed", f"{type(exc).__name__}: {line}", built)
+                raise
+        cache[full] = (self.request.node.nodeid, "ok", value, built)
         return value
 
     @property
@@ -403,6 +407,16 @@ def check_env(request, ws_context, ws_loader, ws_settings, ws_step_timeout, ws_b
     if gap:
         pytest.skip(gap)
     env = CheckEnv(ws_context, ws_loader, ws_settings, request, ws_step_timeout, ws_boot_cost, lookahead=ws_lookahead)
-    yield env
+    with space.recording() as built:
+        yield env
+    record_fixed_points(request.node, built)
     env.close()
     env.raise_shutdown_failure()  # an iterator the check's fixtures held, released only now
+
+
+def record_fixed_points(node: pytest.Item, built: list[str]) -> None:
+    """The case's judged points, where it did not record its own (a case of a declared space
+    records the corner or explored points it judged, with their outcomes)."""
+    if any(key == MEASUREMENTS and "points" in value for key, value in node.user_properties):
+        return
+    record_measurements(node, points=[{"point": t, "origin": "fixed"} for t in dict.fromkeys(built)])

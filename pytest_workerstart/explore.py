@@ -33,6 +33,8 @@ SPAWN_POINTS = 2
 SHRINK_FACTOR, SHRINK_FLOOR_S = 3.0, 20.0
 #: Points a shrink may judge under spawn (each boots its workers).
 SPAWN_SHRINK_POINTS = 6
+#: With --workerstart-explore-points=N, a shrink may judge this many times N points.
+SHRINK_POINTS_FACTOR = 3
 
 
 @dataclasses.dataclass
@@ -198,7 +200,7 @@ def cases(check_id: str, settings) -> list[str]:
 
     sp = space.SPACES[check_id]
     ids = [c.id for c in sp.corners if c.collected]
-    if sp.strategy is not None and (settings.explore_budget > 0 or settings.replay):
+    if sp.strategy is not None and (settings.explores or settings.replay):
         ids.append(EXPLORE_CASE)
     return ids
 
@@ -263,13 +265,20 @@ def judge_case(env, case: str, judge: Callable[[Point], None]) -> None:
             pytest.fail(f"at {point.text(sp.dims)} (replayed): {judged.failure}\n{judged.detail}", pytrace=False)
         return
     seed = case_seed(run_seed(env.settings), node.nodeid)
-    spawn = env.context_name == "spawn"
-    ex = explore(sp.strategy(limits_for(env)), judge, seed=seed, budget_s=env.settings.explore_budget,
-                 min_points=SPAWN_POINTS if spawn else MIN_POINTS, max_points=SPAWN_POINTS if spawn else None,
-                 shrink_points=SPAWN_SHRINK_POINTS if spawn else None)
+    strategy = sp.strategy(limits_for(env))
+    n = env.settings.explore_points
+    if n is not None:  # a count of points, not seconds: the same draws on any machine
+        ex = explore(strategy, judge, seed=seed, budget_s=float("inf"), min_points=n, max_points=n,
+                     shrink_points=SHRINK_POINTS_FACTOR * n)
+    else:
+        spawn = env.context_name == "spawn"
+        ex = explore(strategy, judge, seed=seed, budget_s=env.settings.explore_budget,
+                     min_points=SPAWN_POINTS if spawn else MIN_POINTS, max_points=SPAWN_POINTS if spawn else None,
+                     shrink_points=SPAWN_SHRINK_POINTS if spawn else None)
     failed = ex.smallest_failure
     record_measurements(node, points=[j.as_json(sp.dims) for j in ex.judged], exploration={
-        "seed": seed, "run_seed": run_seed(env.settings), "budget_s": ex.budget_s, "drawn": ex.drawn,
-        "stopped": ex.stopped, "failing_point": failed.point.text(sp.dims) if failed else None})
+        "seed": seed, "run_seed": run_seed(env.settings), "budget_s": None if n is not None else ex.budget_s,
+        "budget_points": n, "drawn": ex.drawn, "stopped": ex.stopped,
+        "failing_point": failed.point.text(sp.dims) if failed else None})
     if failed is not None:
         pytest.fail(f"{reason(ex, sp.dims)}\n{failed.detail}", pytrace=False)

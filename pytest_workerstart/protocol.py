@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pytest_workerstart import space
 from pytest_workerstart.settings import KNOWN_CONTEXTS
 
 #: Capability name -> (kind, default, description). ``contexts`` values are
@@ -84,6 +85,7 @@ class LoaderUnderTest:
             if self.parallelism_kwarg is None:
                 raise SpecError(f"loader {self.spec!r} has no parallelism keyword")
             kwargs[self.parallelism_kwarg] = parallelism
+        space.note_build(dataset, kwargs.get(self.parallelism_kwarg) if self.parallelism_kwarg else None, kwargs)
         return self.factory(dataset, **kwargs)
 
     @property

@@ -16,7 +16,7 @@ from pytest_workerstart.verdict import OUTCOMES, Verdict, case_key, cell
 
 def render(tr, *, verdict: Verdict, loader: Any, coverage: dict[str, dict[str, str]],
            forked_by: dict[str, dict[str, int]], baseline: Any, preflight_failure: list[str],
-           exitstatus: int, tb_hint: bool, explore_budget: float = 0.0) -> None:
+           exitstatus: int, tb_hint: bool, explores: bool = False) -> None:
     """``loader``: the :class:`~pytest_workerstart.protocol.LoaderUnderTest`; ``baseline``: a
     :class:`~pytest_workerstart.baseline.Baseline` or None; ``tb_hint``: say how to see tracebacks."""
     records = list(verdict.records.values())
@@ -61,7 +61,7 @@ def render(tr, *, verdict: Verdict, loader: Any, coverage: dict[str, dict[str, s
         parallel = [c for c, path in clauses.items() if path == "parallel"]
         tr.write_line(f"workerstart: coverage {ctx}: parallel start exercised in "
                       f"{', '.join(parallel) if parallel else 'no clause'}")
-    for line in points_lines(records, explore_budget):
+    for line in points_lines(verdict.judged_points(), explores):
         tr.write_line(line)
     for ctx, who in forked_by.items():
         if ctx == "forkserver" or set(who) != {"driver"}:
@@ -110,47 +110,57 @@ def _baseline_summary(tr, records, failures, loader, baseline) -> None:
                       "--workerstart-baseline=torch shows which of these failures torch has too", yellow=True)
 
 
-def points_lines(records, explore_budget: float) -> list[str]:
-    """One line per clause with a declared space: the points its checks judged (corners, explored)
-    and the range each dimension covered; then which clauses judge fixed configurations only."""
+def points_lines(judged: dict[str, list[dict[str, Any]]], explores: bool) -> list[str]:
+    """One line per clause: how many points its checks judged (fixed: the builds the checks
+    make and the declared corners; explored: the explorer's) and the values each dimension
+    took (the workers and the parallelism always, the others where they varied)."""
     from pytest_workerstart import space
 
     by_clause: dict[str, dict[str, Any]] = {}
-    for r in records:
-        points = (r.measurements or {}).get("points") if r.state == "finished" else None
-        if not points or r.id not in space.SPACES:
-            continue
-        entry = by_clause.setdefault(r.id.split(".")[0], {"corner": set(), "explored": set(), "contexts": set(),
-                                                           "dims": space.SPACES[r.id].dims})
+    for check_id, points in judged.items():
+        entry = by_clause.setdefault(check_id.split(".")[0], {"fixed": set(), "explored": set(), "contexts": set(),
+                                                             "explorable": False})
+        sp = space.get(check_id)
+        entry["explorable"] |= sp is not None and sp.strategy is not None
         for p in points:
-            entry["corner" if p["origin"] == "corner" else "explored"].add(p["point"])
-        if any(p["origin"] != "corner" for p in points):
-            entry["contexts"].add(r.context)
+            fixed = p["origin"] in ("fixed", "corner")
+            entry["fixed" if fixed else "explored"].add(p["point"])
+            if not fixed:
+                entry["contexts"].update(p["contexts"])
     lines: list[str] = []
     for clause, e in sorted(by_clause.items()):
-        where = f" in {', '.join(sorted(c for c in e['contexts'] if c))}" if e["explored"] else ""
-        explored = f"{len(e['explored'])} explored{where}" if e["explored"] else (
-            "none explored" + (" (--workerstart-explore=0)" if not explore_budget else ""))
-        lines.append(f"workerstart: points {clause}: {len(e['corner'])} fixed, {explored}; "
-                     f"{_ranges(e['corner'] | e['explored'], e['dims'])}")
-    if lines:
-        lines.append("workerstart: points: the clauses not listed judge the fixed configurations of docs/contract.md")
+        counts = f"{len(e['fixed'])} fixed"
+        if e["explored"]:
+            counts += f", {len(e['explored'])} explored in {', '.join(sorted(e['contexts']))}"
+        elif e["explorable"]:
+            counts += ", none explored" + ("" if explores else " (--workerstart-explore=0)")
+        lines.append(f"workerstart: points {clause}: {counts}; {_ranges(e['fixed'] | e['explored'])}")
     return lines
 
 
-def _ranges(texts: set[str], dims: tuple[str, ...]) -> str:
+def _ranges(texts: set[str]) -> str:
+    """The values each dimension took over ``texts`` (a few listed, more as their range: not
+    every value in it was judged); a text with a value of the wrong type (a build that tests
+    argument validation) counts only where it parses."""
     from pytest_workerstart import space
 
-    points = [space.parse(t) for t in texts]
+    values: dict[str, set[Any]] = {}
+    for text in texts:
+        try:
+            point = space.parse(text, judgeable=False)
+        except space.PointError:
+            continue
+        for key in (part.partition("=")[0] for part in text.split(",")):
+            name = next(n for n, (k, _) in space.DIMENSIONS.items() if k == key)
+            values.setdefault(name, set()).add(getattr(point, name))
     parts = []
-    for dim in dims:
-        values = {getattr(p, dim) for p in points}
-        key = space.DIMENSIONS[dim][0]
-        ints = sorted(v for v in values if isinstance(v, int) and not isinstance(v, bool))
-        # a few values are listed; more as their range (not every value in it was judged)
-        shown = [f"{ints[0]}..{ints[-1]}" if len(ints) > 4 else "/".join(map(str, ints))]
-        shown = [s for s in shown if s]
-        shown += sorted(str(int(v)) if isinstance(v, bool) else str(v) for v in values
+    for name, (key, _) in space.DIMENSIONS.items():
+        seen = values.get(name, set())
+        if not seen or (len(seen) == 1 and name not in ("num_workers", "parallelism")):
+            continue
+        ints = sorted(v for v in seen if isinstance(v, int) and not isinstance(v, bool))
+        shown = [f"{ints[0]}..{ints[-1]}" if len(ints) > 4 else "/".join(map(str, ints))] if ints else []
+        shown += sorted(str(int(v)) if isinstance(v, bool) else str(v).lower() for v in seen
                         if v is None or isinstance(v, (bool, str)))
-        parts.append(f"{key} {'/'.join(s.lower() for s in shown)}")
+        parts.append(f"{key} {'/'.join(shown)}")
     return ", ".join(parts)

@@ -461,7 +461,7 @@ class WorkerstartSession:
         report.render(terminalreporter, verdict=self.verdict, loader=self.loader, coverage=self.coverage(),
                       forked_by=self.forked_by(), baseline=self.baseline, preflight_failure=self.preflight_failure,
                       exitstatus=int(exitstatus), tb_hint=config.option.tbstyle == "no",
-                      explore_budget=self.settings.explore_budget)
+                      explores=self.settings.explores)
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Start the guard that cleans up if pytest itself is killed, and let a SIGTERM end the

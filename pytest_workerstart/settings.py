@@ -284,6 +284,10 @@ OPTIONS: tuple[Option, ...] = (
            help="seconds each explorable check may spend per context drawing and judging further points of its "
                 f"space (fork, forkserver; {SPAWN_NOTE}); 0: its fixed corners only "
                 f"(default: 0 in the quick profile, {DEFAULT_EXPLORE_S:g} in full)"),
+    Option("explore_points", _count, None, metavar="N",
+           help="draw exactly N points per explorable check and context (spawn too) instead of spending "
+                "--workerstart-explore's seconds, and shrink a failure within 3N more: with "
+                "--workerstart-explore-seed, the same points on any machine, however loaded; 0: corners only"),
     Option("explore_seed", _count, None, metavar="N",
            help="seed of the explorer's draws (default: a new one each run, recorded per case in the verdict)"),
     Option("replay", _point, None, metavar="POINT",
@@ -324,6 +328,7 @@ class Settings:
     circuit_breaker: int
     preflight: bool
     explore: float | None  # None: the profile's default (explore_budget)
+    explore_points: int | None  # None: a time budget (explore_budget)
     explore_seed: int | None
     replay: str | None
     xfail: tuple[tuple[str, str | None, str], ...]
@@ -343,6 +348,11 @@ class Settings:
         if self.explore is not None:
             return self.explore
         return 0.0 if self.profile == "quick" else DEFAULT_EXPLORE_S
+
+    @property
+    def explores(self) -> bool:
+        """Whether the explorable checks draw points beyond their corners."""
+        return self.explore_points > 0 if self.explore_points is not None else self.explore_budget > 0
 
     @property
     def xfails(self) -> dict[tuple[str, str | None], str]:

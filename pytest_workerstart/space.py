@@ -12,8 +12,9 @@ built on demand: the plugin imports this without hypothesis or torch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 #: Point field -> (short key in a point's text, what it is)
@@ -45,7 +46,7 @@ class Point:
     num_workers: int = 3
     parallelism: int | None = None
     dataset: str = "map"
-    length: int = 8
+    length: int | None = 8  # None: a dataset without len()
     batch_size: int | None = 2
     drop_last: bool = False
     prefetch_factor: int | None = None
@@ -57,9 +58,7 @@ class Point:
         """``N=6,p=3,...``: the dimensions ``dims`` (default: all), parseable by :func:`parse`."""
         parts = []
         for name in dims or DIMENSIONS:
-            value = getattr(self, name)
-            shown = "none" if value is None else str(int(value)) if isinstance(value, bool) else str(value)
-            parts.append(f"{DIMENSIONS[name][0]}={shown}")
+            parts.append(f"{DIMENSIONS[name][0]}={_shown(name, getattr(self, name))}")
         return ",".join(parts)
 
     def loader_kwargs(self) -> dict[str, Any]:
@@ -77,11 +76,26 @@ class Point:
 
     @property
     def uneven(self) -> bool:
-        return self.dataset == "iterable" and self.length % self.num_workers != 0
+        return self.dataset == "iterable" and self.length is not None and self.length % self.num_workers != 0
 
 
-def parse(text: str) -> Point:
-    """The point ``text`` (as :meth:`Point.text` writes it) describes; unnamed fields keep their defaults."""
+def _shown(name: str, value: Any) -> str:
+    """A value as a point's text writes it; one of another type than the field's (a build that
+    passes ``p="2"`` or ``p=True`` to test validation) as its repr, so it never reads as valid."""
+    kind = {f.name: str(f.type) for f in dataclasses.fields(Point)}[name]
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(int(value)) if "bool" in kind else repr(value)
+    if (isinstance(value, int) and "int" in kind) or (isinstance(value, str) and name == "dataset"):
+        return str(value)
+    return repr(value)
+
+
+def parse(text: str, *, judgeable: bool = True) -> Point:
+    """The point ``text`` (as :meth:`Point.text` writes it) describes; unnamed fields keep their defaults.
+    ``judgeable``: refuse what no check can be asked to judge (N outside 1..16, p < 1); a build's
+    recorded point may be anything the check passed (``N=0``, the test process's own iteration)."""
     values: dict[str, Any] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         key, sep, raw = part.partition("=")
@@ -104,6 +118,8 @@ def parse(text: str) -> Point:
         except (KeyError, ValueError):
             raise PointError(f"{part!r}: {raw!r} is not a value of {key}") from None
     point = Point(**values)
+    if not judgeable:
+        return point
     if not 1 <= point.num_workers <= MAX_WORKERS:
         raise PointError(f"N={point.num_workers}: expected 1..{MAX_WORKERS}")
     if point.parallelism is not None and point.parallelism < 1:
@@ -151,6 +167,54 @@ class Space:
 
     def corner(self, corner_id: str) -> Corner:
         return next(c for c in self.corners if c.id == corner_id)
+
+
+# --- the points each case judged ----------------------------------------------------------
+
+#: What a build of the loader shows (epochs are how often it is iterated, not an argument).
+BUILD_DIMS: tuple[str, ...] = tuple(d for d in DIMENSIONS if d != "epochs")
+_log: list[str] | None = None
+
+
+def built(dataset: Any, parallelism: Any, kwargs: Mapping[str, Any]) -> Point:
+    """The point a build of the loader under test is at, read from the arguments it was given
+    (torch's defaults where one is not passed)."""
+    from torch.utils.data import IterableDataset
+
+    try:
+        length = len(dataset)
+    except TypeError:
+        length = None
+    return Point(num_workers=kwargs.get("num_workers", 0), parallelism=parallelism,
+                 dataset="iterable" if isinstance(dataset, IterableDataset) else "map", length=length,
+                 batch_size=kwargs.get("batch_size", 1), drop_last=kwargs.get("drop_last", False),
+                 prefetch_factor=kwargs.get("prefetch_factor"),
+                 persistent_workers=kwargs.get("persistent_workers", False), in_order=kwargs.get("in_order"))
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[str]]:
+    """Collect the points (texts over :data:`BUILD_DIMS`) of the loaders built inside; nested
+    recordings pass theirs on to the enclosing one, so a shared run counts for both."""
+    global _log
+    outer, _log = _log, []
+    try:
+        yield _log
+    finally:
+        mine, _log = _log, outer
+        if outer is not None:
+            outer.extend(mine)
+
+
+def note(points: Iterable[str]) -> None:
+    """Add points judged elsewhere (a scenario process, a run shared with an earlier case)."""
+    if _log is not None:
+        _log.extend(points)
+
+
+def note_build(dataset: Any, parallelism: Any, kwargs: Mapping[str, Any]) -> None:
+    if _log is not None:
+        _log.append(built(dataset, parallelism, kwargs).text(BUILD_DIMS))
 
 
 # --- the start clause ------------------------------------------------------------------

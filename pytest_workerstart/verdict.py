@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 #: Version of the verdict format (``verdict.schema.json``); bumped on any change.
-VERSION = "0.5"
+VERSION = "0.6"
 SCHEMA_PATH = Path(__file__).with_name("verdict.schema.json")
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "error")
 STATES = ("finished", "running", "not_run")
@@ -194,6 +194,21 @@ class Verdict:
                if r.state == "finished" and r.outcome not in ("skipped", None) and r.context}
         return [c for c in ("spawn", "forkserver", "fork") if c in ran]
 
+    def judged_points(self) -> dict[str, list[dict[str, Any]]]:
+        """Per check id, the points its passed, failed or xfailed cases judged (skipped and
+        errored cases judged nothing), each with its origin and the contexts it was judged in."""
+        found: dict[str, dict[tuple[str, str], set[str]]] = {}
+        for r in self.records.values():
+            if r.state != "finished" or r.outcome not in ("passed", "failed", "xfailed"):
+                continue
+            for p in (r.measurements or {}).get("points", ()):
+                contexts = found.setdefault(r.id, {}).setdefault((p["point"], p["origin"]), set())
+                if r.context:
+                    contexts.add(r.context)
+        return {check_id: [{"point": point, "origin": origin, "contexts": sorted(ctxs)}
+                           for (point, origin), ctxs in sorted(points.items())]
+                for check_id, points in sorted(found.items())}
+
     def to_json(self, *, exitstatus: int | None, duration_s: float, final: bool) -> dict[str, Any]:
         complete = final and exitstatus in (0, 1) and self.finished()
         counts = self.summary()
@@ -229,6 +244,7 @@ class Verdict:
             "deselected": self.deselected,
             "deselected_ids": sorted({d["id"] for d in self.deselected} - {r.id for r in self.records.values()}),
             "coverage": self.coverage,
+            "points": self.judged_points(),
             "baseline": None if self.baseline is None else {
                 "source": self.baseline.source, "loader": self.baseline.loader, "torch": self.baseline.torch,
                 "profile": self.baseline.profile, **self.baseline.compare(self.records.values())},

@@ -105,18 +105,57 @@ def test_the_sharding_truth_is_torchs(point):
 
 def test_the_terminal_says_per_clause_which_points_were_judged():
     from pytest_workerstart.report import points_lines
-    from pytest_workerstart.verdict import CheckRecord
+    from pytest_workerstart.verdict import CheckRecord, Verdict
 
-    def rec(nodeid, check_id, ctx, points):
-        r = CheckRecord(nodeid, check_id, ctx, state="finished", outcome="passed")
+    def rec(nodeid, check_id, ctx, points, outcome="passed"):
+        r = CheckRecord(nodeid, check_id, ctx, state="finished", outcome=outcome)
         r.measurements = {"points": [{"point": p, "origin": o} for p, o in points]}
         return r
 
-    records = [rec("a", "start.respects_bound", "spawn", [("N=3,p=1", "corner")]),
-               rec("b", "start.respects_bound", "fork", [("N=6,p=3", "corner")]),
-               rec("c", "start.respects_bound", "fork", [("N=2,p=2", "drawn"), ("N=5,p=4", "shrink")])]
-    assert points_lines(records, 8.0) == [
-        "workerstart: points start: 2 fixed, 2 explored in fork; N 2/3/5/6, p 1/2/3/4",
-        "workerstart: points: the clauses not listed judge the fixed configurations of docs/contract.md"]
-    assert points_lines(records[:2], 0.0)[0] == (
-        "workerstart: points start: 2 fixed, none explored (--workerstart-explore=0); N 3/6, p 1/3")
+    v = Verdict({}, {})
+    built = "N=3,p=none,data=map,len=8,batch=2,drop_last=0,prefetch=none,persistent=0,in_order=none"
+    for r in (rec("a", "start.respects_bound", "spawn", [("N=3,p=1", "corner")]),
+              rec("b", "start.respects_bound", "fork", [("N=6,p=3", "corner")]),
+              rec("c", "start.respects_bound", "fork", [("N=2,p=2", "drawn"), ("N=5,p=4", "shrink")]),
+              rec("d", "start.default_serial", "fork", [(built, "fixed")]),
+              rec("e", "start.parameter_validation", "fork", [(built.replace("p=none", "p='2'"), "fixed")]),
+              rec("f", "digest.first_batch", "fork", [(built, "fixed"), (built.replace("map", "iterable"), "fixed")]),
+              rec("g", "digest.torch_parity", "fork", [("N=9,p=none", "fixed")], outcome="skipped")):
+        v.records[r.nodeid] = r
+    judged = v.judged_points()
+    assert "digest.torch_parity" not in judged  # a skipped case judged nothing
+    assert judged["start.respects_bound"][0] == {"point": "N=2,p=2", "origin": "drawn", "contexts": ["fork"]}
+    assert points_lines(judged, True) == [
+        "workerstart: points digest: 2 fixed; N 3, p none, data iterable/map",
+        "workerstart: points start: 4 fixed, 2 explored in fork; N 2/3/5/6, p 1/2/3/4/none"]
+    del v.records["c"]
+    assert points_lines(v.judged_points(), False)[1] == (
+        "workerstart: points start: 4 fixed, none explored (--workerstart-explore=0); N 3/6, p 1/3/none")
+
+def test_each_build_of_the_loader_is_recorded_as_its_point():
+    """What the verdict lists for the checks without a declared space: the arguments each build
+    got, read where the suite builds the loader (in the test process or a scenario process)."""
+    from pytest_workerstart import protocol
+
+    loader = protocol.resolve("reference")
+    with space.recording() as outer:
+        with space.recording() as inner:
+            loader.make(ShardedRange(7), num_workers=0, batch_size=None)
+        loader.make(list(range(5)), num_workers=2, parallelism=2, batch_size=3, drop_last=True, prefetch_factor=1,
+                    persistent_workers=True, in_order=False)
+        with pytest.raises(TypeError):  # a build that is refused was judged all the same
+            loader.make(list(range(5)), num_workers=2, **{loader.parallelism_kwarg: "2"})
+    assert inner == ["N=0,p=none,data=iterable,len=7,batch=none,drop_last=0,prefetch=none,persistent=0,in_order=none"]
+    assert outer == [*inner,
+                     "N=2,p=2,data=map,len=5,batch=3,drop_last=1,prefetch=1,persistent=1,in_order=0",
+                     "N=2,p='2',data=map,len=5,batch=1,drop_last=0,prefetch=none,persistent=0,in_order=none"]
+    loader.make(list(range(5)), num_workers=0)  # outside a recording: nothing kept
+    assert len(outer) == 3
+
+
+def test_a_scenario_process_reports_the_points_it_built():
+    from pytest_workerstart import protocol, scenarios
+
+    res = scenarios.run(protocol.resolve("torch"), "fork", "preflight", timeout=120, num_workers=2, parallelism=None)
+    assert res.status == "ok", res.details()
+    assert [space.parse(t).num_workers for t in res.built] == [2]

@@ -139,7 +139,24 @@ def test_a_crashed_pytest_leaves_the_last_consistent_verdict(pytester):
 
 def test_verdict_of_a_plain_run_validates(run_suite):
     v = run_suite(*FAST, "-k", "start.default_serial", "--workerstart-loader=torch")
-    assert isinstance(v, Verdict) and v.data["version"] == "0.5" and v.data["plugin_version"]
+    assert isinstance(v, Verdict) and v.data["version"] == "0.6" and v.data["plugin_version"]
+
+
+def test_every_check_lists_the_points_it_judged(run_suite):
+    """In-process builds, a run shared by two ids and a scenario process's builds all reach the
+    verdict's points; the terminal has a line per clause."""
+    v = run_suite("--workerstart-context=fork", "--workerstart-profile=quick", "--workerstart-loader=reference",
+                  "-k", "start.default_serial or order.registration or order.worker_seeds or exit.clean_interpreter")
+    points = v.data["points"]
+    passed = {c["id"] for c in v.data["checks"] if c["outcome"] == "passed"}
+    assert passed == {"start.default_serial", "order.registration", "order.worker_seeds", "exit.clean_interpreter"}
+    assert set(points) == passed, points
+    assert all(p["origin"] == "fixed" and p["contexts"] == ["fork"] for ps in points.values() for p in ps)
+    assert "N=3,p=none,data=map,len=8,batch=2" in points["start.default_serial"][0]["point"]
+    # order.registration judges the run order.worker_seeds made (or the other way round): the same points
+    shared = {p["point"] for p in points["order.registration"]} & {p["point"] for p in points["order.worker_seeds"]}
+    assert shared, points
+    assert any(line.startswith("workerstart: points exit: ") for line in v.result.outlines), v.result.outlines[-20:]
 
 
 def test_every_option_is_documented():

@@ -273,14 +273,16 @@ def compare(current: dict, baseline: dict, max_regression_pct: float) -> list[st
 def to_pytest_benchmark(result: dict) -> dict:
     """The time-to-first-batch trials in pytest-benchmark's storage format, so
     ``pytest-benchmark compare`` and its ``.benchmarks/`` history can read them."""
-    from pytest_benchmark.stats import Stats
+    from pytest_workerstart.bench._optional import require
+
+    stats = require("pytest_benchmark.stats", "--pytest-benchmark-json")
 
     benches = []
     for name, cfg in result["configs"].items():
         values = [t["time_to_first_batch_s"] for t in cfg["trials"] if "error" not in t]
         if not values:
             continue
-        st = Stats()
+        st = stats.Stats()
         for v in values:
             st.update(v)
         benches.append({"group": "time_to_first_batch", "name": name, "fullname": f"workerstart-bench::{name}",

@@ -58,6 +58,8 @@ class ScenarioResult:
     leftovers: list[str] = dataclasses.field(default_factory=list)
     #: /dev/shm entries the scenario's tree created and left (unlinked by the runner)
     shm_left: list[str] = dataclasses.field(default_factory=list)
+    #: the points of the loaders the scenario built (:func:`pytest_workerstart.space.recording`)
+    built: list[str] = dataclasses.field(default_factory=list)
 
     def one_line(self) -> str:
         if self.status == "ok":
@@ -196,7 +198,7 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
         if status is None and result_path.exists():
             data = json.loads(result_path.read_text())
             res = ScenarioResult(status=data["status"], value=data.get("value"), error=data.get("error"),
-                                 traceback=data.get("traceback"))
+                                 traceback=data.get("traceback"), built=data.get("built", []))
         else:
             res = ScenarioResult(status=status or "crash", stacks=stacks)
     finally:
@@ -221,13 +223,17 @@ def _child_main(request_path: str) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     req = json.loads(Path(request_path).read_text())
     module_name, func_name = req["target"].split(":", 1)
-    try:
-        func = getattr(importlib.import_module(module_name), func_name)
-        value = func(**req["kwargs"])
-        out = {"status": "ok", "value": value}
-    except BaseException as exc:
-        out = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
-               "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
+    from pytest_workerstart import space
+
+    with space.recording() as built:
+        try:
+            func = getattr(importlib.import_module(module_name), func_name)
+            value = func(**req["kwargs"])
+            out = {"status": "ok", "value": value}
+        except BaseException as exc:
+            out = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
+                   "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
+    out["built"] = built
     tmp = req["result"] + ".tmp"
     Path(tmp).write_text(json.dumps(out, default=repr))
     os.replace(tmp, req["result"])
