@@ -184,7 +184,7 @@ class CheckEnv:
 
         res = (lookahead.run_now(self.request.node, self) if self.lookahead is None
                else self.lookahead.result(self.request.node, self))
-        space.note(res.built)
+        space.note(getattr(res, "built", ()))  # a result type that records no builds lists none
         return res
 
     def memory_guard(self) -> Callable[[], str | None]:

@@ -413,15 +413,22 @@ def scenario_driver(loader: dict, context: str, case: str, num_workers: int, par
     ``case``: ``after_first_batch``, or ``mid_start`` (the last worker's
     ``start()`` is delayed 10 minutes, so the kill lands while it starts).
     """
+    import json
     import threading
     from pathlib import Path
 
+    from pytest_workerstart import space
     from pytest_workerstart.fixtures.datasets import WorkerTagDataset
     from pytest_workerstart.probes.context import InstrumentedContext
     from pytest_workerstart.probes.faults import FaultPlan
 
     under_test = rebuild(loader, context)
     ready, go = Path(ready_path), Path(go_path)
+
+    def say_ready(at: str) -> None:  # with the points built: the driver is killed before it could return them
+        tmp = ready.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"at": at, "built": space.recorded()}))
+        os.replace(tmp, ready)
 
     def exit_on_go() -> None:  # the os._exit(0) variant
         while not go.exists():
@@ -437,14 +444,14 @@ def scenario_driver(loader: dict, context: str, case: str, num_workers: int, par
         def announce() -> None:
             while sum(r.start_end is not None for r in ctx.records(0)) < num_workers - 1:
                 time.sleep(0.05)
-            ready.write_text("mid-start")
+            say_ready("mid-start")
 
         threading.Thread(target=announce, daemon=True).start()
         iter(dl)  # blocks in the delayed start until killed
     else:
         it = iter(dl)
         next(it)
-        ready.write_text("after-first-batch")
+        say_ready("after-first-batch")
     time.sleep(600)
 
 

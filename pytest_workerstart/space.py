@@ -183,7 +183,7 @@ def built(dataset: Any, parallelism: Any, kwargs: Mapping[str, Any]) -> Point:
 
     try:
         length = len(dataset)
-    except TypeError:
+    except Exception:  # no len() (an iterable), or one that cannot tell yet: recorded as unknown
         length = None
     return Point(num_workers=kwargs.get("num_workers", 0), parallelism=parallelism,
                  dataset="iterable" if isinstance(dataset, IterableDataset) else "map", length=length,
@@ -204,6 +204,11 @@ def recording() -> Iterator[list[str]]:
         mine, _log = _log, outer
         if outer is not None:
             outer.extend(mine)
+
+
+def recorded() -> list[str]:
+    """The points recorded so far: what a scenario that is about to be killed hands over early."""
+    return list(_log or ())
 
 
 def note(points: Iterable[str]) -> None:

@@ -39,6 +39,8 @@ class DriverDeathResult:
     survivors: list[tuple[ProcInfo, float]]  # (process, age in s)
     shm_left: list[str]
     gone_after_s: float | None
+    #: the points of the loaders the driver built (it says them when ready)
+    built: list[str] = dataclasses.field(default_factory=list)
 
     def report(self) -> str:
         if self.setup_error:
@@ -97,6 +99,10 @@ def run_driver_death(target: str, kwargs: dict, *, exit_mode: str, bound: float 
                     pass
                 return DriverDeathResult(False, f"{why}\n{tail}", [], [], [], None)
             time.sleep(0.05)
+        try:
+            built = json.loads(ready.read_text()).get("built", [])
+        except (OSError, ValueError, AttributeError):
+            built = []
         time.sleep(0.2)  # let the tree settle (a start may be returning)
         tree = [psutil.Process(proc.pid)]
         try:
@@ -130,7 +136,8 @@ def run_driver_death(target: str, kwargs: dict, *, exit_mode: str, bound: float 
         now = time.time()
         result = DriverDeathResult(
             ok=not survivors and not shm_left, setup_error=None, recorded=recorded,
-            survivors=[(i, now - i.create_time) for i in survivors], shm_left=shm_left, gone_after_s=gone_after)
+            survivors=[(i, now - i.create_time) for i in survivors], shm_left=shm_left, gone_after_s=gone_after,
+            built=built)
         return result
     finally:
         kill_tree([i for i in recorded if i.pid != proc.pid])
