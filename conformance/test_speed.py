@@ -42,6 +42,9 @@ from pytest_workerstart.speed_judge import READS, memory_problems, startup_probl
 from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check
+#: The check that makes the measurement waits for up to MAX_TRIALS rounds of three fresh-process
+#: trials (each bounded by run_trials' own timeout): beyond the suite's 300 s per check.
+measuring = pytest.mark.timeout(1800)
 N = 4
 #: rounds of trials (w1, p1, pN each once): at least, and at most. Five, not three: the
 #: reference's steady state has failed on three trials that one slow minute had spread, where the
@@ -116,6 +119,7 @@ def _measure(check_env) -> dict:
 
 
 @check("speed.startup")
+@measuring
 def test_startup(check_env):
     """Both the first batch and the moment every worker has delivered must come
     sooner: a loader that returns from iter() at once and boots its workers one
@@ -129,6 +133,7 @@ def test_startup(check_env):
 
 
 @check("speed.steady_state")
+@measuring
 def test_steady_state(check_env):
     m = _measure(check_env)
     record_measurements(check_env.request.node, **{
@@ -141,6 +146,7 @@ def test_steady_state(check_env):
 
 
 @check("speed.memory")
+@measuring
 def test_memory(check_env):
     """Memory of the whole process tree, workers included: its PSS increase after
     the start, and its peak during it (boots included; the sum of every

@@ -35,9 +35,9 @@ def _judged(verdict):
 
 
 @pytest.mark.speed
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(2000)
 def test_reference_passes_every_speed_check(run_suite):
-    verdict = _judged(run_suite(*ARGS))
+    verdict = _judged(run_suite(*ARGS, timeout=1900))
     for check_id in SPEED_IDS:
         assert verdict.outcomes(check_id) == ["passed"], (
             f"{check_id}: {verdict.outcomes(check_id)}\n{verdict.result.stdout.str()[-3000:]}")
@@ -45,11 +45,11 @@ def test_reference_passes_every_speed_check(run_suite):
 
 if END_TO_END:  # an empty parametrization would be a skip, which the speed stage fails
     @pytest.mark.speed
-    @pytest.mark.timeout(900)
+    @pytest.mark.timeout(2000)
     @pytest.mark.parametrize("name", END_TO_END)
     def test_speed_broken_loader_is_caught(run_suite, name):
         (target,), related = SPEED_CATCHES[name].targets, SPEED_CATCHES[name].related
-        verdict = _judged(run_suite(f"--workerstart-loader={SPEED_CATCHES[name].spec}", *ARGS))
+        verdict = _judged(run_suite(f"--workerstart-loader={SPEED_CATCHES[name].spec}", *ARGS, timeout=1900))
         assert verdict.outcomes(target) == ["failed"], (
             f"{name}: {target} did not fail: {verdict.outcomes(target)}\n{verdict.result.stdout.str()[-3000:]}")
         collateral = verdict.failed_ids() - {target} - set(related)

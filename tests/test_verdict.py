@@ -143,13 +143,15 @@ def test_verdict_of_a_plain_run_validates(run_suite):
 
 
 def test_every_check_lists_the_points_it_judged(run_suite):
-    """In-process builds, a run shared by two ids and a scenario process's builds all reach the
-    verdict's points; the terminal has a line per clause."""
+    """In-process builds, a run shared by two ids, a scenario process's builds and those of a
+    driver killed on purpose all reach the verdict's points; the terminal has a line per clause."""
+    ids = {"start.default_serial", "order.registration", "order.worker_seeds", "exit.clean_interpreter",
+           "failure.driver_killed"}
     v = run_suite("--workerstart-context=fork", "--workerstart-profile=quick", "--workerstart-loader=reference",
-                  "-k", "start.default_serial or order.registration or order.worker_seeds or exit.clean_interpreter")
+                  "-k", " or ".join(sorted(ids)))
     points = v.data["points"]
     passed = {c["id"] for c in v.data["checks"] if c["outcome"] == "passed"}
-    assert passed == {"start.default_serial", "order.registration", "order.worker_seeds", "exit.clean_interpreter"}
+    assert passed == ids, v.data["checks"]
     assert set(points) == passed, points
     assert all(p["origin"] == "fixed" and p["contexts"] == ["fork"] for ps in points.values() for p in ps)
     assert "N=3,p=none,data=map,len=8,batch=2" in points["start.default_serial"][0]["point"]
