@@ -151,7 +151,7 @@ def _ranges(texts: set[str]) -> str:
         except space.PointError:
             continue
         for key in (part.partition("=")[0] for part in text.split(",")):
-            name = next(n for n, (k, _) in space.DIMENSIONS.items() if k == key)
+            name = space.BY_KEY[key]
             values.setdefault(name, set()).add(getattr(point, name))
     parts = []
     for name, (key, _) in space.DIMENSIONS.items():

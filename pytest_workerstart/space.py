@@ -30,7 +30,8 @@ DIMENSIONS: dict[str, tuple[str, str]] = {
     "in_order": ("in_order", "in_order (none: not passed)"),
     "epochs": ("epochs", "epochs iterated over one loader"),
 }
-_BY_KEY = {key: name for name, (key, _) in DIMENSIONS.items()}
+#: a point's short key -> its Point field
+BY_KEY = {key: name for name, (key, _) in DIMENSIONS.items()}
 #: The most workers a point starts: the suite judges a logical bound, not a machine's size.
 MAX_WORKERS = 16
 
@@ -79,10 +80,14 @@ class Point:
         return self.dataset == "iterable" and self.length is not None and self.length % self.num_workers != 0
 
 
+#: Point field -> its annotation's text (what a value of it may be)
+_FIELD_TYPES = {f.name: str(f.type) for f in dataclasses.fields(Point)}
+
+
 def _shown(name: str, value: Any) -> str:
     """A value as a point's text writes it; one of another type than the field's (a build that
     passes ``p="2"`` or ``p=True`` to test validation) as its repr, so it never reads as valid."""
-    kind = {f.name: str(f.type) for f in dataclasses.fields(Point)}[name]
+    kind = _FIELD_TYPES[name]
     if value is None:
         return "none"
     if isinstance(value, bool):
@@ -99,11 +104,11 @@ def parse(text: str, *, judgeable: bool = True) -> Point:
     values: dict[str, Any] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         key, sep, raw = part.partition("=")
-        name = _BY_KEY.get(key.strip())
+        name = BY_KEY.get(key.strip())
         if not sep or name is None:
-            raise PointError(f"{part!r}: expected KEY=VALUE with KEY one of {', '.join(_BY_KEY)}")
+            raise PointError(f"{part!r}: expected KEY=VALUE with KEY one of {', '.join(BY_KEY)}")
         raw = raw.strip().lower()
-        field_type = {f.name: f.type for f in dataclasses.fields(Point)}[name]
+        field_type = _FIELD_TYPES[name]
         try:
             if raw == "none" and "None" in str(field_type):
                 values[name] = None
