@@ -8,7 +8,7 @@ PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: venv lint check test wheel-check flake-rate test-under-load conformance conformance-quick docs bench bench-epochs bench-soak bench-suite tox clean
+.PHONY: venv lint check test wheel-check flake-rate test-under-load conformance conformance-quick docs bench bench-epochs bench-soak bench-suite tox results clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -149,6 +149,22 @@ ENVS ?= py312-spawn,py313-forkserver
 PYENV_BINS = $(subst $(eval) ,:,$(wildcard $(shell pyenv root 2>/dev/null)/versions/3.1[0-3].*/bin))
 tox: $(STAMP)
 	PATH="$(PYENV_BINS):$$PATH" $(VENV)/bin/tox -e $(ENVS)
+
+# Re-record the published verdicts (docs/results/*.json), each loader in a tox environment of its
+# own (tox.ini, results-LOADER: its extra's exact pin beside the pinned torch), one at a time,
+# each environment removed after its run (each holds torch: ~6 GB). The torch verdict becomes the
+# shipped baseline before the third-party loaders are judged against it. Then what changed per
+# loader since the last recording (docs/results/changes.txt) and the tables. A full run of every
+# loader takes a few hours here: RESULTS="accelerate webdataset" re-records those alone.
+RESULTS ?= reference torch torchdata monai litdata mosaic accelerate webdataset
+results: $(STAMP)
+	@set -e; before=$$(mktemp -d); cp docs/results/*.json $$before/; \
+	for r in $(RESULTS); do \
+	  PATH="$(PYENV_BINS):$$PATH" $(VENV)/bin/tox -e results-$$r; rm -rf .tox/results-$$r; \
+	  if [ $$r = torch ]; then cp docs/results/torch.json pytest_workerstart/baselines/torch.json; fi; \
+	done; \
+	$(PY) -m pytest_workerstart.results_changes $$before docs/results | tee docs/results/changes.txt; \
+	$(PY) -m pytest_workerstart.results_table --write docs/results
 
 clean:
 	rm -rf $(VENV) build dist site *.egg-info .tox

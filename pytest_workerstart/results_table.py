@@ -1,6 +1,7 @@
 """Render committed verdict JSONs as the markdown table in docs/results.md.
 
     python -m pytest_workerstart.results_table docs/results/*.json > docs/results/table.md
+    python -m pytest_workerstart.results_table --write docs/results   # every published table
 
 One row per check id and one column per loader x context (the contexts any of
 the verdicts ran); every failure and skip in the verdicts is listed below the
@@ -17,6 +18,17 @@ from pathlib import Path
 from pytest_workerstart.verdict import cell
 
 CONTEXTS = ("spawn", "forkserver", "fork")
+#: the published verdicts (docs/results/NAME.json, re-recorded by `make results`), by the table they make
+PUBLISHED = {
+    "table.md": ("reference", "torch", "torchdata"),
+    "third-party.md": ("monai-dataloader", "monai-threaddataloader", "litdata", "mosaic-streaming",
+                       "accelerate-dataloadershard", "accelerate-dataloaderdispatcher", "webdataset-webloader"),
+}
+
+
+def published(folder: Path, table: str) -> list[Path]:
+    """The verdict files of ``table`` that ``folder`` holds, in the table's order."""
+    return [p for p in (folder / f"{name}.json" for name in PUBLISHED[table]) if p.exists()]
 
 
 def render(paths: list[Path]) -> str:
@@ -69,4 +81,8 @@ def _against_baseline(verdict: dict, check: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.stdout.write(render([Path(p) for p in sys.argv[1:]]))
+    if sys.argv[1:2] == ["--write"]:
+        for table in PUBLISHED:
+            (Path(sys.argv[2]) / table).write_text(render(published(Path(sys.argv[2]), table)))
+    else:
+        sys.stdout.write(render([Path(p) for p in sys.argv[1:]]))

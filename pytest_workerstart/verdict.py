@@ -15,6 +15,7 @@ pytest process that dies leaves the last consistent state, marked
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import platform
@@ -162,6 +163,8 @@ class Verdict:
         self.coverage: dict[str, dict[str, str]] = {}
         #: what ``--workerstart-repro`` wrote (None: not asked)
         self.reproducers: dict[str, Any] | None = None
+        #: when the run began (UTC): a published verdict says when it was recorded
+        self.started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
     def select(self, nodeid: str, check_id: str, context: str | None) -> CheckRecord:
         rec = self.records.get(nodeid)
@@ -233,6 +236,7 @@ class Verdict:
         return {
             "version": VERSION,
             "plugin_version": plugin_version(),
+            "started": self.started,
             "complete": complete,
             "outcome": overall,
             "exitstatus": exitstatus,

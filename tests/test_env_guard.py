@@ -34,15 +34,21 @@ def test_leaves_a_signal_handler():
 def test_leaves_an_environment_variable(monkeypatch):
     import os
     os.environ["WS_GUARD_LEFT"] = "1"
+
+
+@pytest.mark.workerstart_check("digest.first_batch")
+def test_a_check_of_a_suite_run_from_the_checkout():
+    signal.signal(signal.SIGUSR2, lambda *a: None)  # the loader's doing, judged by the check, not the guard
 '''
 
 
 def test_the_guard_fails_what_leaves_state_changed_and_puts_it_back(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     pytester.makepyfile(test_left=TESTS)
+    pytester.makeini("[pytest]\nmarkers = workerstart_check(id): a check of the suite\n")
     result = pytester.runpytest_subprocess("-p", "tests._env_guard", "-p", "no:cacheprovider", "-p", "no:randomly",
                                            timeout=300)
-    result.assert_outcomes(passed=4, errors=3)
+    result.assert_outcomes(passed=5, errors=3)
     out = result.stdout.str()
     assert "ERROR at teardown of test_leaves_torchs_sigchld_handler" in out
     assert "torch's note that its SIGCHLD handler is installed (False -> True)" in out

@@ -5,12 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_workerstart.results_table import render
+from pytest_workerstart.results_table import PUBLISHED, published, render
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
-VERDICTS = [RESULTS / f"{name}.json" for name in ("reference", "torch", "torchdata")]
-THIRD_PARTY = [RESULTS / f"{name}.json"
-               for name in ("monai-dataloader", "monai-threaddataloader", "litdata", "mosaic-streaming")]
+VERDICTS = published(RESULTS, "table.md")
+THIRD_PARTY = published(RESULTS, "third-party.md")
 NEW_CLAUSES = [RESULTS / "new-clauses" / f"{name}.json" for name in ("reference", "torch", "torchdata")]
 
 
@@ -22,8 +21,11 @@ def test_table_renders_the_committed_verdicts():
 
 def test_third_party_table_renders_the_committed_verdicts():
     assert (RESULTS / "third-party.md").read_text() == render(THIRD_PARTY), (
-        "regenerate: python -m pytest_workerstart.results_table docs/results/{monai-dataloader,"
-        "monai-threaddataloader,litdata,mosaic-streaming}.json > docs/results/third-party.md")
+        "regenerate: python -m pytest_workerstart.results_table --write docs/results")
+
+
+def test_every_published_verdict_is_recorded():
+    assert [p.stem for t in PUBLISHED for p in published(RESULTS, t)] == [n for t in PUBLISHED for n in PUBLISHED[t]]
 
 
 def test_new_clauses_table_renders_the_committed_verdicts():
