@@ -8,7 +8,7 @@ PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: venv lint check test wheel-check flake-rate test-under-load conformance conformance-quick docs bench bench-epochs bench-soak bench-suite tox results clean
+.PHONY: venv lint check test wheel-check flake-rate test-under-load conformance conformance-quick docs bench bench-epochs bench-soak bench-api-soak bench-suite tox results clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -128,6 +128,12 @@ bench-soak: $(STAMP)
 	$(BENCH) soak --loader reference torch --plan $(SOAK_PLAN) --json docs/bench/soak.json
 	$(BENCH) soak-plot docs/bench/soak.json -o docs/bench/soak.png
 	$(BENCH) soak-table docs/bench/soak.json > docs/bench/soak.md
+	$(MAKE) --no-print-directory bench-api-soak
+
+# The suite's own soak (docs/bench/api-soak.md): check_loader on the reference 20 times in one
+# interpreter, quick profile, forkserver: the same verdict each time, nothing left in the caller.
+bench-api-soak: $(STAMP)
+	$(BENCH) api-soak --runs 20 --json docs/bench/api-soak.json > docs/bench/api-soak.md
 
 # The suite's own time to verdict (docs/bench/suite.md): one `pytest --workerstart` run per
 # loader and profile, timed from outside, with where each run's time went.

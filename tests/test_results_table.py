@@ -68,3 +68,29 @@ def test_shipped_torch_baseline_is_the_published_torch_verdict():
 
     assert baseline.path_of("torch").read_bytes() == (RESULTS / "torch.json").read_bytes(), (
         "copy docs/results/torch.json to pytest_workerstart/baselines/torch.json")
+
+
+def test_changes_name_each_case_that_changed_appeared_or_went_away(tmp_path):
+    import json
+
+    from pytest_workerstart import results_changes
+
+    def verdict(outcomes, version, started=None, complete=True):
+        return {"started": started, "complete": complete, "outcome": "failed", "exitstatus": 1,
+                "loader": {"spec": "x:Y", "package": "x", "version": version}, "machine": {"torch": "2.14.1"},
+                "plugin_version": "0.3.0", "version": "0.6", "summary": {"passed": 1},
+                "checks": [{"nodeid": n, "outcome": o} for n, o in outcomes.items()]}
+
+    old = verdict({"a": "passed", "b": "failed", "c": "passed"}, "1.0")
+    new = verdict({"a": "passed", "b": "passed", "d": "skipped"}, "1.1", "2026-12-04T17:00:00+00:00")
+    lines = results_changes.changes(old, new)
+    assert "loader x 1.0 -> x 1.1" in lines[0] and "recorded before 0.6 (no date) -> 2026-12-04" in lines[0]
+    assert lines[1:] == ["  1 cases as before, 1 changed, 1 new, 1 gone", "  b: failed -> passed",
+                         "  new d: skipped", "  gone c (was passed)"]
+    (tmp_path / "old").mkdir(), (tmp_path / "new").mkdir()
+    (tmp_path / "old" / "x.json").write_text(json.dumps(old))
+    (tmp_path / "new" / "x.json").write_text(json.dumps(new))
+    (tmp_path / "new" / "y.json").write_text(json.dumps(verdict({"a": "passed"}, "2.0", complete=False)))
+    assert results_changes.main([str(tmp_path / "old"), str(tmp_path / "new")]) == 1  # y did not complete
+    assert results_changes.compare(tmp_path / "old", tmp_path / "new")[-1] == (
+        "x:Y: INCOMPLETE (outcome failed, exit status 1): first recording (1 passed)")

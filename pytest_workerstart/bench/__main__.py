@@ -14,6 +14,7 @@
     python -m pytest_workerstart.bench soak --json soak.json                # iterator lifecycles, resources sampled
     python -m pytest_workerstart.bench soak-table soak.json                 # flat or not, per resource (markdown)
     python -m pytest_workerstart.bench soak-plot soak.json -o soak.png
+    python -m pytest_workerstart.bench api-soak --runs 20 --json api-soak.json   # check_loader in a loop
     python -m pytest_workerstart.bench explore-power --seeds 20 --json power.json   # the explorer's finding rate
 
 Exit status: 0 ok; 1 first-batch digests differ, a trial failed, or ``--compare``
@@ -119,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         from pytest_workerstart.bench import soak
 
         return soak.main(argv[1:])
+    if argv[:1] == ["api-soak"]:
+        from pytest_workerstart.bench import api_soak
+
+        return api_soak.main(argv[1:])
     if argv[:1] in (["soak-table"], ["soak-plot"]):
         from pytest_workerstart.bench import soak
 
