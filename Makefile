@@ -29,12 +29,14 @@ STAGE = bash .ci/stage
 #: xdist workers for the self-tests that do not measure speed (they mostly wait on boots and bounds)
 JOBS ?= 4
 
+#: ruff, then the layers (import-linter's contracts in pyproject.toml)
 lint: $(STAMP)
 	$(RUFF) check .
+	$(VENV)/bin/lint-imports --no-cache
 
 # The inner loop: lint and the self-tests that run no suite.
 check: $(STAMP)
-	$(STAGE) lint $(RUFF) check .
+	$(STAGE) lint $(MAKE) --no-print-directory lint
 	$(STAGE) unit $(PY) -m pytest -p no:cacheprovider -q -n 2 -m "not suite and not slow and not speed" tests
 
 # What CI runs, in three timed stages; each runs, and any failure fails the target:
@@ -44,7 +46,7 @@ check: $(STAMP)
 # machine) fails the run.
 test: $(STAMP)
 	@rc=0; \
-	$(STAGE) lint $(RUFF) check . || rc=1; \
+	$(STAGE) lint $(MAKE) --no-print-directory lint || rc=1; \
 	$(STAGE) self-tests $(PY) -m pytest -p no:cacheprovider --durations=30 -n $(JOBS) --dist loadscope \
 	    -m "not speed" tests || rc=1; \
 	$(STAGE) speed $(PY) -m pytest -p no:cacheprovider --durations=10 -m speed --skips-fail tests || rc=1; \

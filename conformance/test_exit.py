@@ -12,9 +12,9 @@ interpreter's own exit status and output, not anything the loader reports.
 import pytest
 
 from pytest_workerstart import scenarios
+from pytest_workerstart.cores import usable_cores
 from pytest_workerstart.harness.lookahead import planned_scenario
 from pytest_workerstart.probes.clean_exit import CleanExit
-from pytest_workerstart.probes.cores import usable_cores
 
 check = pytest.mark.workerstart_check
 N = 2

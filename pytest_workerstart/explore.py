@@ -207,7 +207,7 @@ def cases(check_id: str, settings) -> list[str]:
 
 def limits_for(env):
     from pytest_workerstart import protocol, space
-    from pytest_workerstart.probes.cores import usable_cores
+    from pytest_workerstart.cores import usable_cores
 
     return space.Limits(usable_cores=usable_cores(), parallel=env.parallel_start_here,
                         persistent=env.loader.has("persistent_workers"),
@@ -240,7 +240,7 @@ def judge_case(env, case: str, judge: Callable[[Point], None]) -> None:
     """Judge ``case`` of the running check: a corner, the replayed point, or an exploration;
     the points judged go into the verdict (``points``), a failure names its point first."""
     from pytest_workerstart import space
-    from pytest_workerstart.probes.cores import usable_cores
+    from pytest_workerstart.cores import usable_cores
     from pytest_workerstart.verdict import record_measurements
 
     node = env.request.node

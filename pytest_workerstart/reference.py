@@ -58,7 +58,7 @@ from torch.utils.data import DataLoader
 
 from pytest_workerstart import _torch_internals as torch_internals
 from pytest_workerstart import driverwatch, private_forkserver
-from pytest_workerstart.probes.cores import usable_cores
+from pytest_workerstart.cores import usable_cores
 
 __all__ = ["ParallelStartDataLoader", "WorkerStartError", "WorkerFailedError", "preload_forkserver", "usable_cores"]
 

@@ -124,7 +124,7 @@ class WorkerstartSession:
             return self.settings.scenario_jobs
         if os.environ.get("PYTEST_XDIST_WORKER"):  # xdist already runs checks side by side
             return 1
-        from pytest_workerstart.probes.cores import usable_cores
+        from pytest_workerstart.cores import usable_cores
 
         return max(1, min(2, usable_cores()))
 

@@ -20,7 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pytest_workerstart.probes.timing import paired_ratio, run_trials, summarize, usable_cores
+from pytest_workerstart.cores import usable_cores
+from pytest_workerstart.probes.timing import paired_ratio, run_trials, summarize
 
 DATASET = "pytest_workerstart.bench.eurosat:EuroSATLike"
 METRICS = ("constructor_s", "iterator_creation_s", "time_to_first_batch_s", "steady_samples_per_s",

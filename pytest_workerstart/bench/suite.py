@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
     def progress(msg: str) -> None:
         print(f"[bench suite {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-    from pytest_workerstart.probes.cores import usable_cores
+    from pytest_workerstart.cores import usable_cores
 
     keep = Path(args.verdicts) if args.verdicts else None
     runs = [run_one(loader, profile, args.pytest_arg, progress, keep)

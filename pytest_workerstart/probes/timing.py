@@ -20,7 +20,6 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from pytest_workerstart.harness.runner import run_scenario
-from pytest_workerstart.probes.cores import usable_cores  # noqa: F401 - part of the timing probe
 from pytest_workerstart.probes.foreign_cpu import tree_cpu_s
 
 

@@ -1,7 +1,8 @@
-"""How many cores the timing probe (and a user choosing a start parallelism) may count on.
+"""How many cores this process may count on: for a user choosing a start parallelism (the
+reference loader re-exports it), and for the probes and checks that scale with the machine.
 
-Its own module so that the reference loader can use it without importing the
-rest of the timing probe (which drives loaders through the protocol).
+A module of its own, importing nothing of the package: the reference loader and the
+instruments that judge it both use it without importing each other.
 """
 
 from __future__ import annotations
