@@ -447,7 +447,9 @@ def scenario_driver(loader: dict, context: str, case: str, num_workers: int, par
             say_ready("mid-start")
 
         threading.Thread(target=announce, daemon=True).start()
-        iter(dl)  # blocks in the delayed start until killed
+        # blocks in the delayed start until killed; a loader whose __iter__ is a generator
+        # (accelerate, mosaic) starts its workers at the first next(), not at iter()
+        next(iter(dl))
     else:
         it = iter(dl)
         next(it)

@@ -154,6 +154,24 @@ def test_user_module_class(pytester, run_suite):
     assert v.outcomes("start.default_serial") == ["passed"]
 
 
+@pytest.mark.timeout(600)
+def test_a_loader_whose_iter_is_a_generator_is_killed_mid_start(pytester, run_suite):
+    """accelerate's and mosaic's ``__iter__`` are generators: their workers start at the first
+    ``next()``. The driver-death scenario must reach its kill point with them too, or a correct
+    loader fails for the suite's own reason ("did not reach the kill point")."""
+    pytester.makepyfile(lazyloader="""
+        from pytest_workerstart.reference import ParallelStartDataLoader
+
+        class LazyIter(ParallelStartDataLoader):
+            def __iter__(self):
+                yield from super().__iter__()
+    """)
+    v = run_suite("--workerstart-context=forkserver", "--workerstart-profile=quick", "-k", "driver_killed",
+                  "--workerstart-loader=lazyloader:LazyIter")
+    judged = [c for c in v.data["checks"] if c["outcome"] != "skipped"]  # the quick profile: SIGKILL mid-start
+    assert [(c["outcome"], "sigkill-mid_start" in c["nodeid"]) for c in judged] == [("passed", True)], judged
+
+
 def test_factory_that_raises_fails_the_check_not_the_session(pytester, run_suite):
     pytester.makepyfile(badfactory="""
         def make(dataset, **kwargs):
