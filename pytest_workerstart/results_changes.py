@@ -1,7 +1,8 @@
 """What changed between two recordings of a loader's verdict: ``python -m pytest_workerstart.results_changes OLD NEW``.
 
 OLD and NEW are verdict files, or two folders whose verdict files of the same name are compared
-(a file only in NEW is a new recording, one only in OLD was not re-recorded). For each: when it was
+(a file only in NEW is a new recording, as is a NEW whose OLD does not exist; one only in OLD was
+not re-recorded). For each: when it was
 recorded, the versions (the loader's, torch's, the plugin's, the verdict format), and each case whose
 outcome changed, appeared or went away, case by case by node id. Exits 1 when a run in NEW did not
 complete: its file is not a verdict to publish.
@@ -53,10 +54,9 @@ def compare(old: Path, new: Path) -> list[str]:
     if new.is_dir():
         out: list[str] = []
         for path in sorted(new.glob("*.json")):
-            before = old / path.name
-            out += compare(before, path) if before.exists() else changes(None, json.loads(path.read_text()))
+            out += compare(old / path.name, path)
         return out
-    return changes(json.loads(old.read_text()), json.loads(new.read_text()))
+    return changes(json.loads(old.read_text()) if old.is_file() else None, json.loads(new.read_text()))
 
 
 def main(argv: list[str]) -> int:

@@ -140,6 +140,11 @@ def test_a_crashed_pytest_leaves_the_last_consistent_verdict(pytester):
 def test_verdict_of_a_plain_run_validates(run_suite):
     v = run_suite(*FAST, "-k", "start.default_serial", "--workerstart-loader=torch")
     assert isinstance(v, Verdict) and v.data["version"] == "0.6" and v.data["plugin_version"]
+    import datetime
+
+    started = datetime.datetime.fromisoformat(v.data["started"])  # when the run began, UTC
+    assert started.utcoffset() == datetime.timedelta(0)
+    assert 0 <= (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds() < 900
 
 
 def test_every_check_lists_the_points_it_judged(run_suite):

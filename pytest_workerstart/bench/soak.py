@@ -181,7 +181,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--loader", nargs="+", default=["reference", "torch"], choices=("reference", "torch"))
     p.add_argument("--plan", nargs="+", default=["forkserver:1000", "spawn:50"], metavar="CONTEXT:CYCLES")
     p.add_argument("--epochs", type=int, default=100, help="epochs of one persistent loader after the lifecycles")
-    p.add_argument("--every", type=int, default=50, help="sample every this many cycles (and epochs)")
+    p.add_argument("--every", type=int, default=50,
+                   help="sample every this many cycles (and epochs); a plan of fewer than 5x this, every fifth of it")
     p.add_argument("--json", required=True)
     return p
 
@@ -196,8 +197,10 @@ def main(argv: list[str]) -> int:
         for item in a.plan:
             context, _, cycles = item.partition(":")
             epochs = a.epochs if context == "forkserver" else 0
+            # at least five samples of a short plan (50 spawn lifecycles), or there is no trend to judge
+            every = min(a.every, max(1, int(cycles) // 5))
             code = (f"import json, sys; from pytest_workerstart.bench.soak import soak; "
-                    f"json.dump(soak({loader!r}, {context!r}, {int(cycles)}, {epochs}, {a.every}, "
+                    f"json.dump(soak({loader!r}, {context!r}, {int(cycles)}, {epochs}, {every}, "
                     f"lambda m: print(m, file=sys.stderr, flush=True)), sys.stdout)")
             proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
             sys.stderr.write(proc.stderr[-2000:])
@@ -241,12 +244,13 @@ def plot(result: dict, output: str) -> None:
         for run in runs:
             rows = [r for r in run["series"] if r["phase"] == "lifecycles"]
             ax.plot([r["cycle"] for r in rows], [r[res] for r in rows], marker=".",
-                    label=f"{run['loader']} {run['context']}")
+                    label=f"{run['loader']} {run['context']} (every {run['every']})")
         ax.set_title(res)
+        ax.set_xscale("log")  # 50 spawn lifecycles beside 1,000 forkserver ones
         ax.set_xlabel("lifecycles")
     axes.flat[-1].axis("off")
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"soak: driver resources every {runs[0]['every'] if runs else '?'} iterator lifecycles "
+    fig.suptitle(f"soak: the driver's resources over iterator lifecycles "
                  f"({result['machine']['cpus']} CPUs, {result['date']})")
     fig.tight_layout()
     fig.savefig(output, dpi=90)
