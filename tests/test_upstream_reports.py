@@ -20,6 +20,7 @@ SCRIPTS = {
     "accelerate_prefetch_lookahead.py": ("accelerate", "1.16.0", ["fork"], ["fork", "torch.utils.data:DataLoader"]),
     "accelerate_state_dict_without_stateful.py": ("accelerate", "1.16.0", [],
                                                   ["torchdata.stateful_dataloader:StatefulDataLoader"]),
+    "accelerate_dispatcher_unbatched.py": ("accelerate", "1.16.0", [], ["torch.utils.data:DataLoader"]),
 }
 
 
