@@ -29,24 +29,28 @@ STAGE = bash .ci/stage
 #: xdist workers for the self-tests that do not measure speed (they mostly wait on boots and bounds)
 JOBS ?= 4
 
-#: ruff, then the layers (import-linter's contracts in pyproject.toml)
+#: the layers: import-linter's contracts in pyproject.toml (docs/development.md, "Layers")
+LAYERS = $(VENV)/bin/lint-imports --no-cache
+
 lint: $(STAMP)
 	$(RUFF) check .
-	$(VENV)/bin/lint-imports --no-cache
+	$(LAYERS)
 
 # The inner loop: lint and the self-tests that run no suite.
 check: $(STAMP)
-	$(STAGE) lint $(MAKE) --no-print-directory lint
+	$(STAGE) lint $(RUFF) check .
+	$(STAGE) layers $(LAYERS)
 	$(STAGE) unit $(PY) -m pytest -p no:cacheprovider -q -n 2 -m "not suite and not slow and not speed" tests
 
 # What CI runs, in three timed stages; each runs, and any failure fails the target:
-# lint; every self-test but the speed measurements, side by side (a module, or a
+# lint and layers; every self-test but the speed measurements, side by side (a module, or a
 # class, stays on one xdist worker: a batch of broken loaders is one class); then
 # the speed measurements alone, where a skip (the suite refused to judge a busy
 # machine) fails the run.
 test: $(STAMP)
 	@rc=0; \
-	$(STAGE) lint $(MAKE) --no-print-directory lint || rc=1; \
+	$(STAGE) lint $(RUFF) check . || rc=1; \
+	$(STAGE) layers $(LAYERS) || rc=1; \
 	$(STAGE) self-tests $(PY) -m pytest -p no:cacheprovider --durations=30 -n $(JOBS) --dist loadscope \
 	    -m "not speed" tests || rc=1; \
 	$(STAGE) speed $(PY) -m pytest -p no:cacheprovider --durations=10 -m speed --skips-fail tests || rc=1; \
