@@ -2,10 +2,10 @@
 
 OLD and NEW are verdict files, or two folders whose verdict files of the same name are compared
 (a file only in NEW is a new recording, as is a NEW whose OLD does not exist; one only in OLD was
-not re-recorded). For each: when it was
-recorded, the versions (the loader's, torch's, the plugin's, the verdict format), and each case whose
-outcome changed, appeared or went away, case by case by node id. Exits 1 when a run in NEW did not
-complete: its file is not a verdict to publish.
+not re-recorded). For each: when it was recorded, the versions (the loader's, torch's, the
+plugin's, the verdict format), and each case whose outcome changed, appeared or went away, case
+by case by node id. Exits 1 when a run in NEW did not complete: its file is not a verdict to
+publish.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def changes(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
     changed = [f"  {n}: {was[n]} -> {now[n]}" for n in sorted(was.keys() & now.keys()) if was[n] != now[n]]
     added = [f"  new {n}: {now[n]}" for n in sorted(now.keys() - was.keys())]
     gone = [f"  gone {n} (was {was[n]})" for n in sorted(was.keys() - now.keys())]
-    same = len([n for n in was.keys() & now.keys() if was[n] == now[n]])
+    same = len(was.keys() & now.keys()) - len(changed)
     lines.append(f"  {same} cases as before, {len(changed)} changed, {len(added)} new, {len(gone)} gone")
     return lines + changed + added + gone
 
