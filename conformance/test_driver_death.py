@@ -13,9 +13,9 @@ import functools
 import pytest
 
 from pytest_workerstart import scenarios
+from pytest_workerstart.harness.driver_death import run_driver_death
 from pytest_workerstart.harness.lookahead import planned_scenario
 from pytest_workerstart.probes import leaks
-from pytest_workerstart.probes.driver_death import run_driver_death
 
 check = pytest.mark.workerstart_check
 N = 2

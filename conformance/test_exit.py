@@ -2,7 +2,7 @@
 
 Judged from outside a scenario interpreter (forked from the suite's preloaded
 zygote, :mod:`pytest_workerstart.harness.zygote`; see
-:mod:`pytest_workerstart.probes.clean_exit`): exit status 0, nothing at all on
+:mod:`pytest_workerstart.harness.clean_exit`): exit status 0, nothing at all on
 stderr (no ``resource_tracker: There appear to be N leaked semaphore objects``, no
 ``Exception ignored in``, no warning), and nothing it started still running
 ``--workerstart-exit-timeout`` seconds after it exited. The truth is the
@@ -13,8 +13,8 @@ import pytest
 
 from pytest_workerstart import scenarios
 from pytest_workerstart.cores import usable_cores
+from pytest_workerstart.harness.clean_exit import CleanExit
 from pytest_workerstart.harness.lookahead import planned_scenario
-from pytest_workerstart.probes.clean_exit import CleanExit
 
 check = pytest.mark.workerstart_check
 N = 2

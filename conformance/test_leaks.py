@@ -18,6 +18,7 @@ import pytest
 
 from pytest_workerstart.checkenv import unlinked
 from pytest_workerstart.fixtures.datasets import CorruptItemDataset, WorkerTagDataset
+from pytest_workerstart.harness.cleanup import unlink_left
 from pytest_workerstart.probes.deadline import StepAborted
 from pytest_workerstart.probes.leaks import LeakSnapshot, ShmWatch
 from pytest_workerstart.verdict import record_measurements
@@ -41,7 +42,7 @@ def _watch_shm(check_env, epoch) -> dict:
             gc.collect()
         except BaseException as exc:  # stopped early (a bound, an interrupt): nothing it attributed stays either
             watch.note(ctx.shm_at_exit())
-            gone = watch.unlink_left(semaphores=False)
+            gone = unlink_left(watch, semaphores=False)
             check_env.cleaned_shm.extend(gone)
             if gone and isinstance(exc, StepAborted):
                 exc.add_cleanup(unlinked(gone))
@@ -49,7 +50,7 @@ def _watch_shm(check_env, epoch) -> dict:
     watch.note(ctx.shm_at_exit())
     left = watch.left(timeout=check_env.settings.exit_timeout)
     return {"shm_seen": sorted(watch.seen), "shm_left": left,
-            "shm_unlinked": len(watch.unlink_left()) if left else 0}
+            "shm_unlinked": len(unlink_left(watch)) if left else 0}
 
 
 def _ordinary_ending(check_env, ending: str) -> dict:

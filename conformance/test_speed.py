@@ -37,8 +37,8 @@ import pytest
 
 from pytest_workerstart import scenarios
 from pytest_workerstart.cores import usable_cores
+from pytest_workerstart.harness.trials import run_trials
 from pytest_workerstart.probes import foreign_cpu
-from pytest_workerstart.probes.timing import run_trials
 from pytest_workerstart.speed_judge import READS, memory_problems, startup_problems, steady_problems, undecided
 from pytest_workerstart.verdict import record_measurements
 

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import pytest
 
 from pytest_workerstart import space
+from pytest_workerstart.harness import cleanup
 from pytest_workerstart.probes import leaks
 from pytest_workerstart.probes.context import InstrumentedContext, warm_forkserver
 from pytest_workerstart.probes.deadline import StepAborted, deadline, memory_limit_bytes, thread_stacks, tree_rss_over
@@ -125,7 +126,7 @@ class CheckEnv:
                 from pytest_workerstart._torch_internals import forget_killed_workers
 
                 forget_killed_workers({v.pid for v in victims})
-        gone = leaks.unlink_created_since(self._shm_before, {n: i for n, i in mapped.items()
+        gone = cleanup.unlink_created_since(self._shm_before, {n: i for n, i in mapped.items()
                                                              if not n.startswith("sem.")})
         self.cleaned_shm.extend(gone)
         done = f"killed {len(victims)} worker process{'es' if len(victims) != 1 else ''}"
@@ -324,7 +325,7 @@ class CheckEnv:
         left: dict[str, int] = {}
         for ctx in self._contexts:
             left.update({n: i for n, i in ctx.shm_at_exit().items() if not n.startswith("sem.")})
-        gone = leaks.unlink_created_since(self._shm_before, left) if left else []
+        gone = cleanup.unlink_created_since(self._shm_before, left) if left else []
         forked_by = set().union(*(ctx.forked_by() for ctx in self._contexts))
         if forked_by and self.request is not None:
             record_measurements(self.request.node, workers_forked_by=sorted(forked_by))

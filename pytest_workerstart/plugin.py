@@ -108,6 +108,7 @@ def workerstart_faults():
 def workerstart_no_leaks(request):
     """Fails the test with a leak report if it leaves anything behind, also ``/dev/shm``
     entries its processes created and left after they exited (those are unlinked)."""
+    from pytest_workerstart.harness.cleanup import unlink_left
     from pytest_workerstart.probes.leaks import LeakSnapshot, ShmWatch
 
     before = LeakSnapshot.take()
@@ -115,7 +116,7 @@ def workerstart_no_leaks(request):
         yield before
     report = LeakSnapshot.wait_clean(before)
     left = shm.left()
-    shm.unlink_left()
+    unlink_left(shm)
     lines = [report.format()] if report else []
     lines += [f"  /dev/shm (left by an exited process, unlinked): {name}" for name in left if name not in report.shm]
     if lines:
@@ -134,7 +135,7 @@ def workerstart_digest():
 def workerstart_clean_exit():
     """``workerstart_clean_exit("module:function", **kwargs) -> CleanExit``: run it in a fresh
     interpreter that then exits; ``.problems()`` lists a non-zero status, any stderr, leftovers."""
-    from pytest_workerstart.probes.clean_exit import run_clean_exit
+    from pytest_workerstart.harness.clean_exit import run_clean_exit
     from pytest_workerstart.scenarios import child_env
 
     def run(target: str, *, timeout: float = 120.0, exit_grace: float = 5.0, **kwargs):
@@ -146,7 +147,7 @@ def workerstart_clean_exit():
 @pytest.fixture
 def workerstart_assert_startup_speedup():
     """``assert_startup_speedup(factory_spec, dataset_spec, ..., threshold)``; see docs/fixtures.md."""
-    from pytest_workerstart.probes.timing import assert_startup_speedup
+    from pytest_workerstart.harness.trials import assert_startup_speedup
 
     return assert_startup_speedup
 

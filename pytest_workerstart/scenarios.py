@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from pytest_workerstart.harness.cleanup import kill_workers
 from pytest_workerstart.harness.runner import ScenarioResult, run_scenario
 from pytest_workerstart.probes.faults import describe_chain
 
@@ -236,7 +237,7 @@ def _child_fault_once(under_test, context: str, fault: str, worker: int, num_wor
         from pytest_workerstart.harness.reaper import sigchld_ignored
 
         with sigchld_ignored():  # a loader's SIGCHLD handler (torch's) would raise for the workers killed here
-            ctx.kill_workers()
+            kill_workers(ctx)
             ctx.close()
             return {"overdue": str(exc).splitlines()[0], "pids": {r.worker: r.pid for r in ctx.records(0)}}
     except Exception as exc:
@@ -278,7 +279,7 @@ def _stop_if_failed(live, ctx) -> None:
         from pytest_workerstart.harness.reaper import sigchld_ignored
 
         with sigchld_ignored():  # a loader's SIGCHLD handler (torch's) would raise for the workers killed here
-            ctx.kill_workers()
+            kill_workers(ctx)
 
 
 def judge_child_fault(out: dict, worker: int, timeout: float | None = None) -> None:

@@ -2,7 +2,7 @@
 
 ``m`` is one measurement: ``{"w1": series, "p1": series, "pN": series}``, each
 series ``{metric: [one value per trial]}`` (``None`` for a trial that gave no
-value), as :func:`pytest_workerstart.probes.timing.run_trials` records them and
+value), as :func:`pytest_workerstart.harness.trials.run_trials` records them and
 the verdict's ``measurements`` keep them. Each function returns the failure
 texts (empty: the clause holds). Nothing here measures, so the decisions are
 tested on recorded and synthetic series (``tests/test_speed_judges.py``)

@@ -16,7 +16,7 @@ import pytest
 
 from pytest_workerstart import private_forkserver
 from pytest_workerstart.fixtures.datasets import WorkerTagDataset
-from pytest_workerstart.probes.clean_exit import run_clean_exit
+from pytest_workerstart.harness.clean_exit import run_clean_exit
 from pytest_workerstart.probes.context import InstrumentedContext
 from pytest_workerstart.reference import ParallelStartDataLoader
 from tests import _private_server_programs as programs

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from pytest_workerstart.harness.cleanup import unlink_left
 from pytest_workerstart.harness.runner import run_scenario
 from pytest_workerstart.probes import digest as dg
 from pytest_workerstart.probes.context import InstrumentedContext
@@ -116,7 +117,7 @@ def test_shm_watch_attributes_what_its_tree_left_and_nothing_else(tmp_path):
         theirs = orphan_name.read_text()
         assert watch.left() == [ours], (watch.seen, ours, theirs)
         assert before.name not in watch.seen and theirs not in watch.seen
-        assert watch.unlink_left() == [ours] and not os.path.exists(f"/dev/shm/{ours}")
+        assert unlink_left(watch) == [ours] and not os.path.exists(f"/dev/shm/{ours}")
         assert os.path.exists(f"/dev/shm/{theirs}"), "the watch must never touch another process tree's entry"
     finally:
         before.close()

@@ -187,8 +187,8 @@ def test_the_rule_stops_far_from_every_bound_and_not_near_one():
 
 
 def test_trials_stop_after_the_rounds_the_rule_asks_for(monkeypatch):
+    from pytest_workerstart.harness import trials
     from pytest_workerstart.harness.runner import ScenarioResult
-    from pytest_workerstart.probes import timing
 
     ran = []
 
@@ -196,14 +196,14 @@ def test_trials_stop_after_the_rounds_the_rule_asks_for(monkeypatch):
         ran.append(kwargs["name"])
         return ScenarioResult(status="ok", value={"time_to_first_batch_s": 1.0})
 
-    monkeypatch.setattr(timing, "run_scenario", fake)
+    monkeypatch.setattr(trials, "run_scenario", fake)
     configs = {n: {"name": n} for n in ("w1", "p1", "pN")}
-    timing.run_trials(configs, 3, wanted=lambda raw: (), min_trials=2)
+    trials.run_trials(configs, 3, wanted=lambda raw: (), min_trials=2)
     assert ran == ["w1", "p1", "pN", "pN", "p1", "w1"]
     ran.clear()
-    timing.run_trials(configs, 3, wanted=lambda raw: configs, min_trials=2)
+    trials.run_trials(configs, 3, wanted=lambda raw: configs, min_trials=2)
     assert len(ran) == 9
     ran.clear()
     # a third round of what an undecided id reads, in that round's alternated order
-    timing.run_trials(configs, 3, wanted=lambda raw: {"p1", "pN"}, min_trials=2)
+    trials.run_trials(configs, 3, wanted=lambda raw: {"p1", "pN"}, min_trials=2)
     assert ran == ["w1", "p1", "pN", "pN", "p1", "w1", "p1", "pN"]

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_workerstart.cores import usable_cores
-from pytest_workerstart.probes.timing import paired_ratio, run_trials, summarize
+from pytest_workerstart.harness.trials import run_trials
+from pytest_workerstart.probes.timing import paired_ratio, summarize
 
 DATASET = "pytest_workerstart.bench.eurosat:EuroSATLike"
 METRICS = ("constructor_s", "iterator_creation_s", "time_to_first_batch_s", "steady_samples_per_s",

@@ -138,6 +138,7 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     ``exit_grace``: once the interpreter has exited, how long what it started
     (workers, a forkserver, the resource tracker, which prints its leak warnings
     then) may take to go by itself; only what is still there counts as ``leftovers``."""
+    from pytest_workerstart.harness.cleanup import unlink_left
     from pytest_workerstart.probes.deadline import GUARD_EVERY_S, memory_limit_bytes, tree_rss_over
     from pytest_workerstart.probes.leaks import ShmWatch
 
@@ -169,7 +170,7 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
         reaper.kill_session(proc.pid, leader_ctime=leader_ctime)
         reaper.unregister_session(proc.pid)
         shm.__exit__(None, None, None)
-        shm.unlink_left()
+        unlink_left(shm)
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     if status is not None:
@@ -209,7 +210,7 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     res.duration_s = duration
     res.stderr = stderr
     res.leftovers = leftovers
-    res.shm_left = shm.unlink_left()
+    res.shm_left = unlink_left(shm)
     return res
 
 

@@ -40,6 +40,8 @@ import tempfile
 import threading
 import time
 
+from pytest_workerstart.probes import leaks
+
 #: imported once in the zygote (never the loader's own module: user code stays in the child)
 PRELOAD = ("torch", "psutil", "pytest", "pytest_workerstart.scenarios", "pytest_workerstart.protocol",
            "pytest_workerstart.probes.context", "pytest_workerstart.probes.leaks",
@@ -295,6 +297,9 @@ def pipe_fds() -> set[int]:
         except (ValueError, OSError):
             pass
     return out
+
+
+leaks.HELPER_FD_SOURCES.append(pipe_fds)
 
 
 def shutdown() -> None:

@@ -409,14 +409,6 @@ class InstrumentedContext(BaseContext):
                 continue
         return tree
 
-    def kill_workers(self) -> list[int]:
-        """SIGKILL :meth:`worker_tree` and reap it; the pids killed."""
-        from pytest_workerstart.harness.reaper import kill_and_wait
-
-        victims = self.worker_tree()
-        kill_and_wait(victims)
-        return [v.pid for v in victims]
-
     def close(self) -> None:
         if self._remove is not None:
             self._remove()

@@ -10,9 +10,9 @@ this process's descendants, keyed by (pid, create time). A ``/dev/shm`` entry
 (named semaphore, torch or POSIX shared memory) is ours only while a process
 of that tree maps it (``/proc/PID/maps``) or holds it open (``/proc/PID/fd``):
 entries of other jobs on the machine, even ones created meanwhile, are never
-counted, and nothing here ever unlinks one. An entry whose creator has exited
-is mapped by no one: :class:`ShmWatch` attributes those while the tree runs,
-and unlinks only what it attributed.
+counted. An entry whose creator has exited is mapped by no one: :class:`ShmWatch`
+attributes those while the tree runs (unlinking what it attributed, and killing what
+outlived its bound, is :mod:`pytest_workerstart.harness.cleanup`'s).
 
 ``wait_clean`` polls until the diff is empty or ``timeout`` passes (as loky and
 CPython's ``test.support`` do) so slow-but-correct teardown is not a false alarm.
@@ -37,6 +37,9 @@ HELPER_MARKERS = (
     "pytest_workerstart.harness.reaper",  # the guard (see harness/reaper.py)
     "pytest_workerstart.harness.runner --zygote",  # the scenarios' preloaded parent (harness/zygote.py)
 )
+#: Callables naming more helper fds of this process, registered by what owns them (the
+#: harness's zygote registers its pipes): a probe observes them, it does not run them.
+HELPER_FD_SOURCES: list[Callable[[], set[int]]] = []
 SHM_PATTERN = re.compile(r"^(sem\.mp-|torch_|psm_|wnsm_|mp-)")
 
 #: How long what a loader stopped after a failure may take to be gone (a worker's interpreter
@@ -139,9 +142,9 @@ def helper_fds() -> set[int]:
                 fds.add(value)
     except Exception:
         pass
-    from pytest_workerstart.harness import zygote
-
-    return fds | zygote.pipe_fds()
+    for source in HELPER_FD_SOURCES:
+        fds |= source()
+    return fds
 
 
 def _shm_inodes_of(pid: int | str) -> set[int]:
@@ -231,7 +234,7 @@ class ShmWatch:
         self.root = root  # the tree's root pid (default: this process)
         self.also = also  # more members, e.g. a scenario's session, orphans included
         self.seen: dict[str, int] = {}
-        self._before: dict[str, int] = {}
+        self.before: dict[str, int] = {}  # every entry when the block began: never the tree's
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -251,7 +254,7 @@ class ShmWatch:
         workers mapped when they exited (:meth:`InstrumentedContext.shm_at_exit`)."""
         with self._lock:
             for name, ino in entries.items():
-                if self._before.get(name) != ino:
+                if self.before.get(name) != ino:
                     self.seen[name] = ino
 
     def _run(self) -> None:
@@ -276,7 +279,7 @@ class ShmWatch:
                 notify.close()
 
     def __enter__(self) -> ShmWatch:
-        self._before = shm_entries()
+        self.before = shm_entries()
         self._thread = threading.Thread(target=self._run, name="workerstart-shm-watch", daemon=True)
         self._thread.start()
         return self
@@ -296,13 +299,6 @@ class ShmWatch:
             if not left or time.monotonic() >= deadline:
                 return left
             time.sleep(0.1)
-
-    def unlink_left(self, semaphores: bool = True) -> list[str]:
-        """Unlink what :meth:`left` reports (ours by attribution, never another job's); with
-        ``semaphores=False`` not named semaphores, which a live driver may still hold (their
-        finalizers unlink them, and the resource tracker what nobody did)."""
-        seen = self.seen if semaphores else {n: i for n, i in self.seen.items() if not n.startswith("sem.")}
-        return unlink_created_since(self._before, seen)
 
 
 def _fd_kind(target: str) -> str:
@@ -469,36 +465,3 @@ class LeakReport:
     def summary(self) -> str:
         c = self.counts()
         return ", ".join(f"{v} {k}" for k, v in c.items() if v) or "nothing"
-
-
-def kill_tree(procs: Iterable[ProcInfo], timeout: float = 3.0) -> list[ProcInfo]:
-    """Kill what is still alive among ``procs`` (create time must match)."""
-    alive = []
-    for info in procs:
-        try:
-            p = psutil.Process(info.pid)
-            if abs(p.create_time() - info.create_time) > 0.01:
-                continue  # pid reused: not ours
-            p.kill()
-            alive.append(p)
-        except psutil.Error:
-            continue
-    from pytest_workerstart.harness.reaper import wait_exited
-
-    wait_exited(alive, timeout)
-    return [i for i in procs if i.pid in {p.pid for p in alive}]
-
-
-def unlink_created_since(before: dict[str, int], entries: dict[str, int]) -> list[str]:
-    """Unlink those of ``entries`` (attributed to our tree, name -> inode) that still
-    exist with that inode and did not exist so in ``before``; the names unlinked."""
-    now = shm_entries()
-    gone = []
-    for name, ino in sorted(entries.items()):
-        if now.get(name) == ino and before.get(name) != ino:
-            try:
-                os.unlink(f"/dev/shm/{name}")
-                gone.append(name)
-            except OSError:
-                continue
-    return gone

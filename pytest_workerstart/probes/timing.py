@@ -1,13 +1,13 @@
-"""Startup timing in fresh processes, with alternated trials and robust statistics.
+"""Startup timing: what one trial measures, and the statistics over trials.
 
-One trial = one fresh interpreter (``run_scenario``) that builds the loader and
+One trial (:func:`trial`, run in a fresh interpreter by
+:func:`pytest_workerstart.harness.trials.run_trials`) builds the loader and
 measures constructor time, iterator creation, time to first batch, time until
 every worker has delivered a batch, steady-state samples/s over batches 2..n,
 and the process tree's memory: its PSS increase after the first and the last
 batch (sampled outside the timed region), and its peak during the start, boots
 included: the sum over every process of the tree of its own peak resident set
-(:func:`tree_hwm`, read after the first batch, at batch 2N+1 and at the end). Configurations
-alternate pair by pair (A B, B A, A B, ...) so drift hits both sides equally.
+(:func:`tree_hwm`, read after the first batch, at batch 2N+1 and at the end).
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ import gc
 import os
 import statistics
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from pytest_workerstart.harness.runner import run_scenario
 from pytest_workerstart.probes.foreign_cpu import tree_cpu_s
 
 
@@ -276,51 +275,6 @@ def paired_ratio(numerator: Sequence[float | None], denominator: Sequence[float 
             "median_pair_ratio": statistics.median(pairs) if pairs else None}
 
 
-def run_trials(configs: dict[str, dict], trials: int, timeout: float = 600.0,
-               progress: Callable[[str], None] | None = None, keep_going: bool = False,
-               env: dict[str, str] | None = None, warm: bool = False,
-               wanted: Callable[[dict[str, list[dict]]], Collection[str]] | None = None,
-               min_trials: int | None = None) -> dict[str, list[dict]]:
-    """Run ``trial`` for every configuration, alternated, each in a fresh process.
-
-    A failed trial raises, or with ``keep_going`` is recorded as ``{"error": ...}``.
-    ``warm``: each trial's driver is forked from the zygote (a fresh process, workers
-    and all, without the driver's own import of torch, which no measured span includes).
-    ``wanted``: a sequential stopping rule, asked before each round after ``min_trials``
-    rounds: the configurations that round must run (the others are left out of it; none
-    ends the measurement before ``trials`` rounds).
-    A trial's process ends without the interpreter's teardown once its result is written:
-    nothing is measured after its loader is gone.
-    """
-    results: dict[str, list[dict]] = {name: [] for name in configs}
-    per_round = len(configs)
-    order = alternated(list(configs), trials)
-    total = len(order)
-    done = 0
-    for r in range(trials):
-        names = order[per_round * r:per_round * (r + 1)]
-        if wanted is not None and r >= (min_trials or trials):
-            need = set(wanted(results))
-            if not need:
-                break
-            names = [n for n in names if n in need]
-            total -= per_round - len(names)
-        for name in names:
-            done += 1
-            res = run_scenario(f"{__name__}:trial", configs[name], timeout=timeout, env=env, measuring=True, warm=warm)
-            if res.status != "ok":
-                if not keep_going:
-                    raise RuntimeError(f"trial {done} ({name}) failed: {res.details()}")
-                results[name].append({"error": res.one_line(), "details": res.details()[-2000:]})
-                if progress:
-                    progress(f"trial {done}/{total} {name}: FAILED: {res.one_line()}")
-                continue
-            results[name].append(res.value)
-            if progress:
-                progress(f"trial {done}/{total} {name}: first batch {res.value['time_to_first_batch_s']:.2f} s")
-    return results
-
-
 def derived_startup_threshold(one_worker_s: float, serial_s: float, num_workers: int, cores: int,
                               share: float = 0.5) -> dict[str, float]:
     """The speedup parallel start must reach, derived from this machine and workload.
@@ -339,25 +293,3 @@ def derived_startup_threshold(one_worker_s: float, serial_s: float, num_workers:
     ideal = serial_s / ideal_parallel if ideal_parallel > 0 else 1.0
     return {"boot_s": boot, "fixed_s": fixed, "cores": cores, "ideal_speedup": ideal,
             "threshold": 1 + share * max(ideal - 1, 0.0)}
-
-
-def assert_startup_speedup(loader: dict, dataset: str, *, num_workers: int, parallelism: int, threshold: float,
-                           context: str = "spawn", trials: int = 3, dataset_kwargs: dict | None = None,
-                           loader_kwargs: dict | None = None) -> dict[str, Any]:
-    """Assert median TTFB(p=1) / median TTFB(p=parallelism) >= ``threshold``.
-
-    ``loader``: ``{"spec": "module:attr"}`` (plus optional ``kwarg`` and ``caps``).
-    Trials alternate p=1 and p=N in fresh processes; the ratio of medians is
-    compared, and the median of per-pair ratios is reported alongside.
-    """
-    base = {"loader": loader, "dataset": dataset, "dataset_kwargs": dataset_kwargs or {},
-            "loader_kwargs": {"num_workers": num_workers, **(loader_kwargs or {})}, "context": context,
-            "max_batches": 2}
-    res = run_trials({"p1": {**base, "parallelism": 1}, "pN": {**base, "parallelism": parallelism}}, trials)
-    a = [r["time_to_first_batch_s"] for r in res["p1"]]
-    b = [r["time_to_first_batch_s"] for r in res["pN"]]
-    out = {"p1": summarize(a), "pN": summarize(b), **paired_ratio(a, b)}
-    ratio, paired = out["ratio_of_medians"], out["median_pair_ratio"]
-    assert ratio >= threshold, (f"startup speedup {ratio:.2f}x (paired median {paired:.2f}x) is below "
-                                f"{threshold:.2f}x: p=1 {out['p1']}, p={parallelism} {out['pN']}")
-    return out

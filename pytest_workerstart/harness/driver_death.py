@@ -26,9 +26,10 @@ from pathlib import Path
 import psutil
 
 from pytest_workerstart.harness import reaper
+from pytest_workerstart.harness.cleanup import kill_tree
 from pytest_workerstart.harness.reaper import kill_session, session_members
 from pytest_workerstart.harness.runner import check_abort, launch
-from pytest_workerstart.probes.leaks import ProcInfo, alive, attributed_shm, kill_tree
+from pytest_workerstart.probes.leaks import ProcInfo, alive, attributed_shm
 
 
 @dataclasses.dataclass
