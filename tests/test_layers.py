@@ -35,7 +35,7 @@ def test_the_contracts_hold(copy):
     ("probes/digest.py", "pytest_workerstart.session"),      # a probe importing the session
     ("harness/reaper.py", "pytest_workerstart.checkenv"),    # the harness importing the checks' support
     ("probes/leaks.py", "pytest_workerstart.harness.reaper"),  # a probe that acts
-    ("reference.py", "pytest_workerstart.probes.leaks"),     # the product importing what judges it
+    ("reference/loader.py", "pytest_workerstart.probes.leaks"),  # the product importing what judges it
 ])
 def test_an_upward_import_breaks_them(copy, module, upward):
     with open(copy / "pytest_workerstart" / module, "a") as f:

@@ -208,7 +208,7 @@ def test_a_forked_child_starts_its_own_server():
 
 
 def test_unsupported_python_falls_back_with_one_warning(monkeypatch):
-    import pytest_workerstart.reference as reference
+    from pytest_workerstart.reference import loader as reference
 
     monkeypatch.setattr(private_forkserver, "unsupported", lambda: "Python 9.9: no private forkserver")
     monkeypatch.setattr(reference, "_WARNED", set())

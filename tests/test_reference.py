@@ -259,7 +259,7 @@ def test_what_workers_unpickle_is_held_outside_cycles_until_shutdown():
     """An iterator collected with a held error dies in the cyclic gc, whose weakref finalizers
     would unlink these semaphores before its shutdown (a spawn worker still booting then fails
     to unpickle them): the registry keeps them reachable until the shutdown has run."""
-    from pytest_workerstart import reference
+    from pytest_workerstart.reference import launcher as reference
 
     loader = ParallelStartDataLoader(WorkerTagDataset(8), num_workers=2, multiprocessing_context="fork")
     it = iter(loader)
