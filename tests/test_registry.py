@@ -83,3 +83,12 @@ def test_conformance_package_lists_every_module():
     modules = {p.stem for p in (ROOT / "conformance").glob("test_*.py")}
     assert set(suite._MODULES) == modules
     assert {c.conformance_module for c in registry.CHECKS.values()} == modules
+
+
+def test_the_id_location_table_is_current():
+    """docs/development.md's table of where each id lives is the one rendered from the code."""
+    from tools import id_locations
+
+    text = id_locations.DOC.read_text()
+    assert id_locations.replaced(text, id_locations.render()) == text, (
+        "docs/development.md is stale: run `python -m tools.id_locations --write`")

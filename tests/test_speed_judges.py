@@ -2,7 +2,7 @@
 
 ``tests/data/speed/*.json`` are the series the suite measured for the reference
 and for every speed broken loader, with the outcome it gave then
-(``python -m tests.record_speed_series NAME=SPEC`` records one). Each must get the
+(``python -m tools.record_speed_series NAME=SPEC`` records one). Each must get the
 outcome its loader declares, and the one the suite gave when it was measured;
 tests/test_speed_checks.py measures end to end.
 """

@@ -1,6 +1,6 @@
 """Two full-profile runs at once beside a semaphore churner, compared with a solo verdict.
 
-    python -m tests.record_concurrent_runs SOLO.json [SPEC] [-- PYTEST_ARG ...]
+    python -m tools.record_concurrent_runs SOLO.json [SPEC] [-- PYTEST_ARG ...]
 
 SOLO.json is a verdict of the same loader run alone (e.g. the one ``make bench-suite
 SUITE_VERDICTS=DIR`` keeps); SPEC defaults to ``reference``. Starts two ``pytest --workerstart

@@ -1,6 +1,6 @@
 """Record the speed series the judges are tested on (tests/test_speed_judges.py).
 
-    python -m tests.record_speed_series NAME=SPEC [NAME=SPEC ...]
+    python -m tools.record_speed_series NAME=SPEC [NAME=SPEC ...]
 
 For each, runs ``pytest --workerstart --workerstart-loader=SPEC --workerstart-context=spawn
 --workerstart-profile=full -k speed`` (about three minutes on 2 cores; the machine must be
@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-OUT = Path(__file__).parent / "data" / "speed"
+OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "speed"
 
 
 def record(name: str, spec: str) -> dict:

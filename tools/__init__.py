@@ -1,0 +1,1 @@
+"""Developer scripts that record data for the docs and the self-tests (not installed)."""
