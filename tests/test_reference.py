@@ -269,3 +269,29 @@ def test_what_workers_unpickle_is_held_outside_cycles_until_shutdown():
     del it, queues, result_queue, done_event
     gc.collect()
     assert reference._LIVE_IPC == {}
+
+
+def test_a_start_policy_changes_one_decision_and_nothing_else():
+    """The extension point (docs/reference.md, "Changing one decision"): a loader's
+    ``start_policy`` subclass is asked each decision; overriding one leaves the others as they were."""
+    from pytest_workerstart.reference import StartPolicy
+
+    asked = []
+
+    class AtMostTwo(StartPolicy):
+        def parallelism(self, method, num_workers):
+            asked.append(("parallelism", super().parallelism(method, num_workers)))
+            return 2
+
+        def started(self, workers):
+            asked.append(("started", len(workers)))
+
+    class Loader(ParallelStartDataLoader):
+        start_policy = AtMostTwo
+
+    ctx = torch.multiprocessing.get_context("forkserver")
+    dl = Loader(list(range(12)), batch_size=2, num_workers=4, worker_start_parallelism=4, multiprocessing_context=ctx)
+    it = iter(dl)
+    assert it._pending is not None and it._pending.parallelism == 2
+    assert [b.tolist() for b in it] == [[2 * i, 2 * i + 1] for i in range(6)]
+    assert asked == [("parallelism", 4), ("started", 4)]

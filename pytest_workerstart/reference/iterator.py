@@ -18,17 +18,9 @@ from pytest_workerstart.reference.errors import (
     _bare_copy,
     _is_worker_failure,
     _killed_by_signal,
-    _name_unpicklable,
-    _scrub,
 )
-from pytest_workerstart.reference.launcher import (
-    _LIVE_IPC,
-    _join_feeders,
-    _Launcher,
-    _start_serially,
-    _stop_launches,
-    _worker_main,
-)
+from pytest_workerstart.reference.launcher import _LIVE_IPC, Launcher, _join_feeders
+from pytest_workerstart.reference.policy import StartPolicy
 
 #: how long a worker torch reported dead may take to be reaped, so its exit code (the signal) is known
 EXIT_CODE_PATIENCE_S = 2.0
@@ -55,11 +47,17 @@ class _SingleIter(torch_internals.SingleProcessIter):
 
 
 class _ParallelStartIter(torch_internals.MultiProcessingIter):
+    """Every decision about the workers is its policy's (:class:`StartPolicy`): these
+    methods carry them out, and are not an extension point."""
+
     _ws_progress: _Progress | None = None
+    _policy: StartPolicy | None = None
 
     def __init__(self, loader) -> None:  # a ParallelStartDataLoader
         torch_internals.BaseIter.__init__(self, loader)
-        self._prefetch_factor = loader.prefetch_factor
+        self._policy = policy = loader.start_policy(loader)
+        self._timeout = policy.timeout(self._timeout)
+        self._prefetch_factor = policy.prefetch_factor(loader.prefetch_factor)
         self._in_order = loader.in_order
         ctx = loader.multiprocessing_context or torch.multiprocessing
         method = ctx.get_start_method()
@@ -72,9 +70,9 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         self._workers_status: list = []
         self._worker_result_queue = ctx.Queue()
         self._workers_done_event = ctx.Event()
-        self._pending: _Launcher | None = None
+        self._pending: Launcher | None = None
         self._launches: list | None = None
-        parallelism = self._effective_parallelism(loader, method)
+        parallelism = policy.parallelism(method, self._num_workers)
         self._server = loader._private_server(method)
         # what every worker is sent, by the keyword that set it (to name one that does not pickle)
         self._sent = {"dataset": loader.dataset, "collate_fn": loader.collate_fn,
@@ -83,9 +81,9 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         try:
             self._launch(ctx, parallelism)
         except BaseException as exc:
-            self._explain_start_error(exc)
+            policy.explain_start_error(exc, self._sent, self._method)
             self._abandon()
-            self._forget(exc)  # _launch's frame has finished by now: drop its locals too
+            policy.forget(exc)  # _launch's frame has finished by now: drop its locals too
             raise
         _LIVE_IPC[id(self)] = (list(self._index_queues), self._worker_result_queue, self._workers_done_event)
         try:
@@ -102,7 +100,8 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
             # once every start has returned: see _settle.)
             self._reset(loader, first_iter=True)
             if self._pending is None:
-                torch_internals.register_worker_pids(self)
+                self._watch_workers()
+                policy.started(self._workers)
         except RuntimeError as exc:  # a worker died while we primed it
             if not _is_worker_failure(exc):
                 if self._pending is not None:
@@ -119,6 +118,11 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         raise WorkerFailedError(message)
 
     def _shutdown_workers(self) -> None:
+        if self._policy is None:  # BaseIter.__init__ failed: torch's __del__ still calls this
+            return self._stop_workers()
+        self._policy.shutdown(self._stop_workers)
+
+    def _stop_workers(self) -> None:
         # A worker that already died makes torch's SIGCHLD handler raise again
         # when a healthy worker exits below, aborting the shutdown before the
         # queues are closed. Stop listening first; joins still have timeouts.
@@ -153,19 +157,20 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         failure = launch.failure()
         if failure is None:
             self._launches = None
-            torch_internals.register_worker_pids(self)  # raises if a worker already died
+            self._watch_workers()  # raises if a worker already died
+            self._policy.started(self._workers)
             return
         # The building state's cleanup, so a failed start is handled in one place.
         launches, procs = self._launches, launch.workers
         launch = self._launches = None
-        self._cleanup_failed_start(launches)  # stop started workers, close every index queue
+        self._policy.cleanup_failed_start(launches, self._workers_done_event, failure)  # workers, index queues
         self._workers, self._index_queues, self._workers_status = [], [], []
         self._fail()  # the shared result queue, pin-memory thread, pid registration
-        self._explain_start_error(failure)
+        self._policy.explain_start_error(failure, self._sent, self._method)
         try:
             raise failure
         finally:
-            self._forget(failure, launches, procs)
+            self._policy.forget(failure, launches, procs)
             failure = launches = procs = None
 
     def _halt_starts(self) -> None:
@@ -188,6 +193,14 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         self._workers_status = [status[i] for i in keep]
 
     def _try_get_data(self, timeout=torch_internals.MP_STATUS_CHECK_INTERVAL):
+        return self._policy.receive(self._wait_for_data, timeout)
+
+    def _wait_for_data(self, timeout):
+        if not self._policy.watches_workers():
+            try:
+                return True, self._data_queue.get(timeout=timeout)
+            except queue.Empty:
+                return False, None
         if self._pending is None:
             if self._method != "forkserver":
                 # the workers are children: torch's SIGCHLD handler names one that dies (with the
@@ -225,54 +238,37 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
             if remaining <= 0:
                 return False, None
 
-    def _effective_parallelism(self, loader, method: str) -> int:
-        # fork stays serial: forking while start threads run is unsafe.
-        return 1 if method == "fork" else min(loader.worker_start_parallelism, self._num_workers)
+    def _process_data(self, data, worker_idx):
+        return self._policy.received(super()._process_data(data, worker_idx))
+
+    def _watch_workers(self) -> None:
+        """Register the workers' pids with torch's SIGCHLD handler (raises if one already died)."""
+        if self._policy.watches_workers():
+            torch_internals.register_worker_pids(self)
 
     def _launch(self, ctx, parallelism: int) -> None:
-        """Build every worker, then start serially (p = 1) or begin the deferred start."""
+        """Build every worker, then start them as the policy says (serially, or a deferred start)."""
         launches: list = []
         procs: list = []
+        policy = self._policy
         try:
             self._build(ctx, launches)
             self._boot_from_server(launches)
             procs.extend(w for _, w in launches)
-            if parallelism > 1:
-                self._pending = self._launcher(procs, parallelism)
+            self._pending = policy.start(procs, parallelism, self._server is not None)
+            if self._pending is not None:
                 self._launches = launches  # for _settle's cleanup if a deferred start fails
                 self._pending.begin()
-            else:
-                _start_serially(procs)
         except BaseException as exc:
             if self._pending is not None:
                 self._pending.halt()
                 self._pending = None
-            self._cleanup_failed_start(launches)
-            self._forget(exc, launches, procs)
+            policy.cleanup_failed_start(launches, self._workers_done_event, exc)
+            policy.forget(exc, launches, procs)
             raise
-        self._register(launches)
-
-    # Seams (one method per decision; the broken loaders in fixtures/ override one each).
-    def _explain_start_error(self, exc: BaseException) -> None:
-        _name_unpicklable(exc, self._sent, self._method)
-
-    def _launcher(self, procs: list, parallelism: int) -> _Launcher:
-        return _Launcher(procs, parallelism, first_batch_first=self._server is not None)
-
-    def _cleanup_failed_start(self, launches: list) -> None:
-        _stop_launches(launches, self._workers_done_event)
-
-    def _forget(self, exc: BaseException, *lists: list) -> None:
-        """Drop what a held ``exc`` would keep alive: frames and closures in its
-        traceback still see these lists, so empty them, then clear frame locals."""
-        for lst in lists:
-            lst.clear()
-        _scrub(exc)
-
-    def _register(self, launches: list) -> None:
-        """Worker-id order, whatever order the starts finish in."""
-        self._index_queues = [q for q, _ in launches]
-        self._workers = [w for _, w in launches]
+        order = policy.registration_order(len(launches))
+        self._index_queues = [launches[i][0] for i in order]
+        self._workers = [launches[i][1] for i in order]
 
     def _boot_from_server(self, launches: list) -> None:
         """Workers not started yet boot from the private forkserver, if one is in use."""
@@ -281,18 +277,17 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
                 if w._popen is None:
                     private_forkserver.redirect(w)
 
-    def _worker_target(self):
-        return _worker_main
-
     def _build(self, ctx, launches: list) -> None:
         """Append a (index queue, Process) pair per worker, in worker-id order."""
         token = driverwatch.driver_token()
+        policy = self._policy
         for i in range(self._num_workers):
             q = ctx.Queue()
             q.cancel_join_thread()  # the driver never waits on what it sent
-            w = ctx.Process(target=self._worker_target(),
-                            args=(token, torch_internals.worker_loop_kwargs(self, i, q)), daemon=True)
+            kwargs = policy.worker_kwargs(i, torch_internals.worker_loop_kwargs(self, i, q))
+            w = ctx.Process(target=policy.worker_main, args=(token, kwargs), daemon=True)
             launches.append((q, w))
+            policy.built(i, w)
 
     def _abandon(self) -> None:
         """After a failed start: release the shared queue/event; make __del__ a no-op."""
@@ -315,12 +310,16 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
             if self._ws_progress is not None:
                 self._ws_progress.delivered += 1
             return batch
+        except StopIteration:
+            raise
         except WorkerStartError as exc:
+            self._policy.failed(exc, self)
             # _settle cleaned up already; when it raised from inside torch's _next_data
             # (waiting for data), that frame's locals hold a received batch: drop them
-            self._forget(exc)
+            self._policy.forget(exc)
             raise
         except RuntimeError as exc:
+            self._policy.failed(exc, self)
             if not _is_worker_failure(exc):
                 if self._pending is not None:
                     self._fail()
@@ -328,6 +327,7 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
             message, silent = self._describe_failure(str(exc))
             cause = _bare_copy(exc.__cause__)
         except BaseException as exc:
+            self._policy.failed(exc, self)
             if not isinstance(exc, (Exception, GeneratorExit)):
                 if self._pending is not None:  # Ctrl-C while starts run: stop them all now
                     self._fail()

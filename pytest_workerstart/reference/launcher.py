@@ -14,7 +14,7 @@ from pytest_workerstart.reference.errors import WorkerStartError
 FEEDER_JOIN_S = 1.0
 
 
-def _worker_main(token, loop_kwargs) -> None:
+def worker_main(token, loop_kwargs) -> None:
     """Worker process entry: watch the driver, then run torch's worker loop."""
     driverwatch.watch_driver(token)
     torch_internals.run_worker_loop(loop_kwargs)
@@ -32,7 +32,7 @@ def _worker_main(token, loop_kwargs) -> None:
 _LIVE_IPC: dict[int, tuple] = {}
 
 
-class _Launcher:
+class Launcher:
     """Starts ``workers`` in id order, at most ``parallelism`` at once, in threads.
 
     After the first failure no new start begins; in-flight ones finish.
@@ -61,7 +61,7 @@ class _Launcher:
     def open_gate(self) -> None:
         self._gate.set()
 
-    def begin(self) -> _Launcher:
+    def begin(self) -> Launcher:
         for k in range(self.parallelism):
             t = threading.Thread(target=self._run, name=f"ParallelStartDataLoader-start-{k}", daemon=True)
             self._threads.append(t)
@@ -118,7 +118,7 @@ class _Launcher:
         return err
 
 
-def _start_serially(workers) -> None:
+def start_serially(workers) -> None:
     """torch's own start: one by one, in id order, before ``iter()`` returns."""
     for i, w in enumerate(workers):
         try:
@@ -152,7 +152,7 @@ def _join_feeders(queues) -> None:
             feeder.join(max(0.0, deadline - time.monotonic()))
 
 
-def _stop_launches(launches, done_event) -> None:
+def stop_launches(launches, done_event) -> None:
     """Stop and join every started process and close every queue."""
     done_event.set()
     started = [(q, w) for q, w in launches if w._popen is not None]

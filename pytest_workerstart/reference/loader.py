@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 from pytest_workerstart import _torch_internals as torch_internals
 from pytest_workerstart import private_forkserver
 from pytest_workerstart.reference.iterator import _ParallelStartIter, _Progress, _SingleIter
+from pytest_workerstart.reference.policy import StartPolicy
 
 
 def _validate_flag(name: str, value) -> bool:
@@ -116,6 +117,10 @@ class ParallelStartDataLoader(DataLoader[T_co]):
     ``state_dict()`` / ``load_state_dict()``: resume an epoch of a map-style dataset
     where it stopped, in a new loader built with the same arguments (the generator's
     state is saved and restored, so a seeded shuffle resumes the same permutation).
+
+    ``start_policy`` (class attribute): the :class:`StartPolicy` subclass whose instance,
+    one per iterator, makes every decision about starting, watching and stopping workers;
+    a subclass of the loader that changes one of them sets its own.
     """
 
     __workerstart_capabilities__ = {"parallel_start": ("spawn", "forkserver")}
@@ -125,6 +130,7 @@ class ParallelStartDataLoader(DataLoader[T_co]):
     _progress: _Progress | None = None
     _index_sampler = torch_internals.resumable_index_sampler("_resume_skip")
     _iterator_class = _ParallelStartIter
+    start_policy: type[StartPolicy] = StartPolicy
 
     def __init__(
         self,
