@@ -295,3 +295,21 @@ def test_a_start_policy_changes_one_decision_and_nothing_else():
     assert it._pending is not None and it._pending.parallelism == 2
     assert [b.tolist() for b in it] == [[2 * i, 2 * i + 1] for i in range(6)]
     assert asked == [("parallelism", 4), ("started", 4)]
+
+
+def test_dropping_a_persistent_loader_stops_its_workers_without_the_cyclic_gc():
+    """The loader holds its persistent iterator, which holds its policy: the policy must not
+    hold the loader, or ``del loader`` leaves the workers running until gc.collect()."""
+    ctx = torch.multiprocessing.get_context("forkserver")
+    dl = ParallelStartDataLoader(list(range(8)), batch_size=2, num_workers=2, persistent_workers=True,
+                                 worker_start_parallelism=2, multiprocessing_context=ctx)
+    assert len(list(dl)) == 4
+    workers = list(dl._iterator._workers)
+    gc.disable()
+    try:
+        del dl
+        for w in workers:
+            w.join(10)
+        assert all(w.exitcode is not None for w in workers), "workers outlived the loader"
+    finally:
+        gc.enable()

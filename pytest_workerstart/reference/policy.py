@@ -11,6 +11,7 @@ are not an extension point.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,10 @@ class StartPolicy:
     worker_main = staticmethod(worker_main)
 
     def __init__(self, loader) -> None:
-        self.loader = loader
+        # Weak: the loader holds its persistent iterator, which holds this policy; a strong
+        # reference would make that a cycle, and the workers would outlive ``del loader``
+        # until the cyclic gc ran.
+        self.loader = weakref.proxy(loader)
 
     # --- building ------------------------------------------------------------------
 
