@@ -313,3 +313,16 @@ def test_dropping_a_persistent_loader_stops_its_workers_without_the_cyclic_gc():
         assert all(w.exitcode is not None for w in workers), "workers outlived the loader"
     finally:
         gc.enable()
+
+
+def test_a_policy_that_outlives_its_loader_breaks_no_scan_of_the_heap():
+    """A policy kept alive after its loader is gone (a timer, a post-mortem list) must not
+    make ``isinstance`` over ``gc.get_objects()`` raise (a dead weakref proxy would)."""
+    dl = ParallelStartDataLoader(list(range(4)), num_workers=0)
+    from pytest_workerstart.reference import StartPolicy
+
+    kept = StartPolicy(dl)
+    del dl
+    gc.collect()
+    assert kept.loader is None
+    assert not any(isinstance(o, ParallelStartDataLoader) for o in gc.get_objects())

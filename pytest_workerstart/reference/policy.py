@@ -28,8 +28,14 @@ class StartPolicy:
     def __init__(self, loader) -> None:
         # Weak: the loader holds its persistent iterator, which holds this policy; a strong
         # reference would make that a cycle, and the workers would outlive ``del loader``
-        # until the cyclic gc ran.
-        self.loader = weakref.proxy(loader)
+        # until the cyclic gc ran. A ref, not a proxy: a dead proxy raises on isinstance(),
+        # which breaks any scan of gc.get_objects() while a policy outlives its loader.
+        self._loader = weakref.ref(loader)
+
+    @property
+    def loader(self):
+        """The loader this policy's iterator belongs to (None once the loader is gone)."""
+        return self._loader()
 
     # --- building ------------------------------------------------------------------
 
