@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from pytest_workerstart.harness import reaper
+from tests._interruptible import PYTEST
 from tests._mpprograms import SemaphoreChurner
 
 FAST = ("--workerstart-context=forkserver", "--workerstart-profile=quick")
@@ -60,7 +61,7 @@ def _watch_tree(proc: subprocess.Popen, until, timeout: float = 180) -> dict:
 def test_killed_pytest_leaves_nothing(tmp_path, sig, group):
     """A scenario whose worker hangs mid-start (spawn; the loader ignores timeout=, so
     it stays there): scenario driver, spawn workers and its resource tracker."""
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "--workerstart", "-p", "no:cacheprovider", "-q",
+    proc = subprocess.Popen([*PYTEST, "--workerstart", "-p", "no:cacheprovider", "-q",
                              "--workerstart-context=spawn", "-k", "child_hang_during_start",
                              "--workerstart-loader=pytest_workerstart.fixtures.broken.loaders:IgnoresTimeout"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

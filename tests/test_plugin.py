@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from pytest_workerstart.protocol import CAPABILITIES
+from tests._interruptible import PYTEST
 
 FAST = ("--workerstart-context=forkserver", "-p", "no:cacheprovider")
 
@@ -234,7 +235,7 @@ def _cmdline(p: psutil.Process) -> list[str]:
 def test_sigint_leaves_no_process(tmp_path):
     """A real Ctrl-C while a scenario runs: pytest exits and leaves nothing behind."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "--workerstart", "-p", "no:cacheprovider",
+    proc = subprocess.Popen([*PYTEST, "--workerstart", "-p", "no:cacheprovider",
                              "--workerstart-context=forkserver", "-k", "driver_killed", "-s"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     me = psutil.Process(proc.pid)
@@ -326,7 +327,6 @@ def test_adapter_module_in_the_current_directory_under_the_pytest_script(tmp_pat
     sys.path; an adapter SPEC naming ./myadapter.py must still resolve."""
     import os
     import subprocess
-    import sys
 
     (tmp_path / "myadapter.py").write_text("from torch.utils.data import DataLoader as Loader\n")
     script = os.path.join(os.path.dirname(sys.executable), "pytest")

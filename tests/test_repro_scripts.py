@@ -69,3 +69,18 @@ def test_the_option_writes_one_for_each_failed_id_that_has_one(run_suite, tmp_pa
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 1 and json.dumps(spec) in Path(made["written"][
         "failure.child_exit_during_start"]).read_text(), proc.stdout[-2000:]
+
+
+@pytest.mark.suite  # boots fork workers
+def test_the_interrupt_reproducer_judges_the_loader_when_sigint_is_inherited_ignored(tmp_path):
+    """A script's background job starts with SIGINT ignored; the reproducer's Ctrl-C must still land."""
+    import signal
+
+    script = COMMITTED / repro.script_name("failure.interrupt_during_start")
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc = subprocess.run([sys.executable, str(script), "pytest_workerstart.reference:ParallelStartDataLoader",
+                               "fork"], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

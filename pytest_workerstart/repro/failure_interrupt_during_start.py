@@ -82,6 +82,10 @@ CONTEXTS = {"spawn": InterruptingSpawnContext, "forkserver": InterruptingForkSer
 
 
 def main(spec: str, context: str) -> int:
+    # Ctrl-C reaches a foreground program as KeyboardInterrupt; a script's background job (and
+    # nohup, some CI runners) starts with SIGINT ignored, and Python leaves it so: judge the loader,
+    # not how this script was started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     module, _, name = spec.partition(":")
     loader_class = getattr(importlib.import_module(module), name)
     loader = loader_class(Items(), batch_size=2, num_workers=3, multiprocessing_context=CONTEXTS[context]())
