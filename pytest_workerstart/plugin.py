@@ -37,7 +37,7 @@ def _start_session(config: pytest.Config, embedded: bool):
     from pytest_workerstart.session import WorkerstartSession
 
     session = WorkerstartSession.from_config(config, resolved, embedded=embedded)
-    config.pluginmanager.register(session, "workerstart-session")
+    session.register(config.pluginmanager)
     config.pluginmanager.register(checkenv, "workerstart-checkenv")
     return session
 
@@ -57,7 +57,7 @@ def pytest_pycollect_makeitem(collector, name: str, obj) -> None:
     from pytest_workerstart.harness import reaper
 
     session = _start_session(config, embedded=True)
-    reaper.start_guard(verdict=session._json)  # pytest_sessionstart has already run
+    reaper.start_guard(verdict=session.reporter.json_path)  # pytest_sessionstart has already run
     return None
 
 

@@ -154,8 +154,9 @@ def test_each_build_of_the_loader_is_recorded_as_its_point():
 
 
 def test_a_scenario_process_reports_the_points_it_built():
-    from pytest_workerstart import protocol, scenarios
+    from pytest_workerstart import protocol
+    from pytest_workerstart.session import preflight
 
-    res = scenarios.run(protocol.resolve("torch"), "fork", "preflight", timeout=120, num_workers=2, parallelism=None)
+    res = preflight.run(protocol.resolve("torch"), "fork", timeout=120, memory_limit=None)
     assert res.status == "ok", res.details()
     assert [space.parse(t).num_workers for t in res.built] == [2]
