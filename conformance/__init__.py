@@ -19,6 +19,7 @@ collecting the suite's own modules never imports them twice.
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from pytest_workerstart import registry
 
@@ -36,6 +37,16 @@ def _checks() -> dict:
                     raise ImportError(f"two checks named {attr}")
                 found[attr] = value
     return found
+
+
+def by_check_id() -> dict[str, list[tuple[str, Any]]]:
+    """Check id -> (name, function) of each check function carrying its ``workerstart_check`` marker."""
+    out: dict[str, list[tuple[str, Any]]] = {}
+    for name, fn in _checks().items():
+        for mark in getattr(fn, "pytestmark", ()):
+            if mark.name == "workerstart_check":
+                out.setdefault(mark.args[0], []).append((name, fn))
+    return out
 
 
 def __getattr__(name: str):

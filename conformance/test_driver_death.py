@@ -16,6 +16,7 @@ from pytest_workerstart import scenarios
 from pytest_workerstart.harness.driver_death import run_driver_death
 from pytest_workerstart.harness.lookahead import planned_scenario
 from pytest_workerstart.probes import leaks
+from pytest_workerstart.scenarios.driver_death import scenario_driver
 
 check = pytest.mark.workerstart_check
 N = 2
@@ -33,7 +34,7 @@ def _plan(env, case, exit_mode):
     if env.settings.profile == "quick" and (case, exit_mode) != ("mid_start", "sigkill"):
         pytest.skip("quick profile: a SIGKILL mid-start only")
     return functools.partial(
-        run_driver_death, "pytest_workerstart.scenarios:scenario_driver",
+        run_driver_death, scenarios.target_of(scenario_driver),
         {"loader": env.loader.payload(), "context": env.context_name, "case": case, "num_workers": N,
          "parallelism": env.parallelism(N)},
         exit_mode=exit_mode, bound=_bound(env), env=scenarios.child_env(), warm=True)

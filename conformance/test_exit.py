@@ -15,6 +15,7 @@ from pytest_workerstart import scenarios
 from pytest_workerstart.cores import usable_cores
 from pytest_workerstart.harness.clean_exit import CleanExit
 from pytest_workerstart.harness.lookahead import planned_scenario
+from pytest_workerstart.scenarios.clean_exit import scenario_clean_exit
 
 check = pytest.mark.workerstart_check
 N = 2
@@ -32,7 +33,7 @@ def _plan(env, ending):
     # resource tracker, forkserver and workers are the child's own), the child ends through the
     # interpreter's normal exit, which is what is judged; only torch's own import-time output
     # would not reach its stderr, and that is not the loader's.
-    return scenarios.planned(env, "clean_exit", timeout=180, exit_grace=env.settings.exit_timeout,
+    return scenarios.planned(env, scenario_clean_exit, timeout=180, exit_grace=env.settings.exit_timeout,
                              ending=ending, num_workers=n, parallelism=env.parallelism(n))
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pytest_workerstart import scenarios
-from pytest_workerstart.checkenv import batches_of
+from pytest_workerstart.bounded import batches_of
 from pytest_workerstart.fixtures.datasets import WorkerTagDataset
 from pytest_workerstart.harness.clean_exit import CleanExit
 from pytest_workerstart.harness.lookahead import planned_scenario
@@ -27,6 +27,7 @@ from pytest_workerstart.probes.faults import (
     exception_chain,
     position_to_worker,
 )
+from pytest_workerstart.scenarios import child_faults, forkserver_died, interrupt
 from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check
@@ -123,24 +124,24 @@ def _child_fault(fault: str, loader_timeout: float):
     default, none: a dead worker must be noticed, not timed out)."""
     def plan(env):
         # the hang's timeout grows with the boot cost, and doubles on each inconclusive try
-        # (scenarios.scenario_child_fault): so does the bound
-        bound = max(60.0, 2 * (env.step_timeout(N) or 30.0)) * scenarios.HANG_TRIES if loader_timeout else 40
-        return scenarios.planned(env, "child_fault", timeout=bound, fault=fault, worker=1, num_workers=N,
-                                 parallelism=env.parallelism(N), loader_timeout=loader_timeout,
+        # (child_faults.scenario_child_fault): so does the bound
+        bound = max(60.0, 2 * (env.step_timeout(N) or 30.0)) * child_faults.HANG_TRIES if loader_timeout else 40
+        return scenarios.planned(env, child_faults.scenario_child_fault, timeout=bound, fault=fault, worker=1,
+                                 num_workers=N, parallelism=env.parallelism(N), loader_timeout=loader_timeout,
                                  boot_cost=env.boot_cost())
     return plan
 
 
 #: the ``timeout=`` a worker hang is asked to be noticed in, before it is raised to cover boots
-#: (:func:`pytest_workerstart.scenarios.hang_timeout`)
+#: (:func:`pytest_workerstart.scenarios.child_faults.hang_timeout`)
 HANG_TIMEOUT_S = 2.0
 
 
 def _judge_child_fault(check_env, timeout: float | None = None) -> None:
     out = scenarios.value_of(check_env.scenario_result())
     record_measurements(check_env.request.node, **{k: round(out[k], 2) if isinstance(out[k], float) else out[k]
-                                                   for k in scenarios.CHILD_FAULT_MEASUREMENTS if k in out})
-    scenarios.judge_child_fault(out, worker=1, timeout=timeout)
+                                                   for k in child_faults.CHILD_FAULT_MEASUREMENTS if k in out})
+    child_faults.judge_child_fault(out, worker=1, timeout=timeout)
 
 
 @check("failure.child_exit_during_start")
@@ -162,14 +163,14 @@ def test_child_hang_during_start(check_env):
 
 
 def _interrupt_plan(env):
-    return scenarios.planned(env, "interrupt", timeout=90, worker=1, num_workers=N,
+    return scenarios.planned(env, interrupt.scenario_interrupt, timeout=90, worker=1, num_workers=N,
                              parallelism=env.parallelism(N), boot_cost=env.boot_cost())
 
 
 @check("failure.interrupt_during_start")
 @planned_scenario(_interrupt_plan)
 def test_interrupt_during_start(check_env):
-    scenarios.judge_interrupt(scenarios.value_of(check_env.scenario_result()), strict=check_env.settings.strict)
+    interrupt.judge_interrupt(scenarios.value_of(check_env.scenario_result()), strict=check_env.settings.strict)
 
 
 #: what an error after the forkserver died must say: that it, or the workers, are gone
@@ -188,7 +189,7 @@ def _forkserver_died_plan(env, iterators):
     if persistent and not env.loader.has("persistent_workers"):
         pytest.skip("loader does not declare capability 'persistent_workers'")
     n = FORKSERVER_DIED_WORKERS
-    return scenarios.planned(env, "forkserver_died", timeout=_forkserver_died_bound(env) + 30,
+    return scenarios.planned(env, forkserver_died.scenario_forkserver_died, timeout=_forkserver_died_bound(env) + 30,
                              exit_grace=env.settings.exit_timeout, persistent=persistent, num_workers=n,
                              parallelism=env.parallelism(n))
 

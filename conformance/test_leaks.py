@@ -20,7 +20,8 @@ from pytest_workerstart.checkenv import unlinked
 from pytest_workerstart.fixtures.datasets import CorruptItemDataset, WorkerTagDataset
 from pytest_workerstart.harness.cleanup import unlink_left
 from pytest_workerstart.probes.deadline import StepAborted
-from pytest_workerstart.probes.leaks import LeakSnapshot, ShmWatch
+from pytest_workerstart.probes.leaks import LeakSnapshot
+from pytest_workerstart.probes.shm import ShmWatch
 from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from pytest_workerstart import _torch_internals, scenarios
-from pytest_workerstart.checkenv import batches_of
+from pytest_workerstart.bounded import batches_of
 from pytest_workerstart.fixtures.datasets import WorkerTagDataset
 from pytest_workerstart.harness.runner import run_scenario
 from pytest_workerstart.probes import epochs

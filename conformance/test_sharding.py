@@ -12,7 +12,7 @@ import collections
 import pytest
 
 from pytest_workerstart import distributed, explore, protocol, scenarios
-from pytest_workerstart.checkenv import batches_of
+from pytest_workerstart.bounded import batches_of
 from pytest_workerstart.fixtures.datasets import ShardedRange
 from pytest_workerstart.harness.lookahead import planned_scenario
 from pytest_workerstart.space import Point

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from pytest_workerstart import explore, protocol, space
-from pytest_workerstart.checkenv import batches_of
+from pytest_workerstart.bounded import batches_of
 from pytest_workerstart.fixtures.datasets import BigPickleDataset, UnpicklableDataset, WorkerTagDataset
 from pytest_workerstart.space import Point
 from pytest_workerstart.verdict import record_measurements

@@ -16,9 +16,11 @@ from typing import Any, TypeVar
 import pytest
 
 from pytest_workerstart import space
+from pytest_workerstart.bounded import BoundedLoader
 from pytest_workerstart.harness import cleanup
-from pytest_workerstart.probes import leaks
-from pytest_workerstart.probes.context import InstrumentedContext, warm_forkserver
+from pytest_workerstart.harness.forkserver import warm_forkserver
+from pytest_workerstart.probes import leaks, shm
+from pytest_workerstart.probes.context import InstrumentedContext
 from pytest_workerstart.probes.deadline import StepAborted, deadline, memory_limit_bytes, thread_stacks, tree_rss_over
 from pytest_workerstart.probes.faults import FaultPlan
 from pytest_workerstart.probes.leaks import LeakReport, LeakSnapshot
@@ -59,7 +61,7 @@ class CheckEnv:
     #: seconds one spawn worker's boot takes in this run (measured once per session)
     boot_cost: Callable[[], float] = lambda: 0.0
     _contexts: list = dataclasses.field(default_factory=list)
-    _shm_before: dict = dataclasses.field(default_factory=lambda: leaks.shm_entries())
+    _shm_before: dict = dataclasses.field(default_factory=lambda: shm.shm_entries())
     #: (step, id, description) of the last error the loader raised inside a bounded
     #: step; never the exception itself, whose traceback would keep the loader alive
     last_step_error: tuple[str, int, str] | None = None
@@ -119,7 +121,7 @@ class CheckEnv:
         victims = ctx.worker_tree()
         if not victims:
             return ""
-        mapped = leaks.shm_entries_mapped_by([v.pid for v in victims])
+        mapped = shm.shm_entries_mapped_by([v.pid for v in victims])
         with sigchld_ignored():  # a loader's SIGCHLD handler (torch's) would raise for the workers killed here
             kill_and_wait(victims)
             if "torch.utils.data" in sys.modules:  # ... and at every later SIGCHLD, while their iterator lives
@@ -346,56 +348,6 @@ def unlinked(names: list[str]) -> str:
     """What the suite removed from ``/dev/shm``, for a verdict's reason."""
     return f"unlinked {len(names)} /dev/shm entr{'y' if len(names) == 1 else 'ies'} the loader's processes left: " + \
         ", ".join(names)
-
-
-class BoundedLoader:
-    """The loader under test, with ``iter()`` and each ``next()`` as bounded steps."""
-
-    def __init__(self, loader, env: CheckEnv, num_workers: int, ctx):
-        self._ws = (loader, env, num_workers, ctx)
-
-    def __iter__(self):
-        loader, env, n, ctx = self._ws
-        return BoundedIterator(env.step("iter()", lambda: iter(loader), n, ctx), env, n, ctx)
-
-    def __len__(self):
-        return len(self._ws[0])
-
-    def __getattr__(self, name):
-        return getattr(self._ws[0], name)
-
-
-class BoundedIterator:
-    def __init__(self, it, env: CheckEnv, num_workers: int, ctx):
-        self._ws = (it, env, num_workers, ctx)
-        self._k = 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        it, env, n, ctx = self._ws
-        self._k += 1
-        return env.step(f"next() #{self._k}", lambda: next(it), n, ctx)
-
-    def __getattr__(self, name):
-        return getattr(self._ws[0], name)
-
-    def __del__(self):
-        # the loader's iterator goes with this one: its shutdown is a bounded step too
-        box, env, n, ctx = [self._ws[0]], *self._ws[1:]
-        self._ws = (None, env, n, ctx)
-        if box[0] is not None:
-            env.release(box, "the iterator's shutdown", n, ctx)
-
-
-def batches_of(loader, limit: int | None = None) -> list:
-    out = []
-    for i, batch in enumerate(loader):
-        out.append(batch)
-        if limit is not None and i + 1 >= limit:
-            break
-    return out
 
 
 @pytest.fixture

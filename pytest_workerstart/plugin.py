@@ -109,7 +109,8 @@ def workerstart_no_leaks(request):
     """Fails the test with a leak report if it leaves anything behind, also ``/dev/shm``
     entries its processes created and left after they exited (those are unlinked)."""
     from pytest_workerstart.harness.cleanup import unlink_left
-    from pytest_workerstart.probes.leaks import LeakSnapshot, ShmWatch
+    from pytest_workerstart.probes.leaks import LeakSnapshot
+    from pytest_workerstart.probes.shm import ShmWatch
 
     before = LeakSnapshot.take()
     with ShmWatch() as shm:

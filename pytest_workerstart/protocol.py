@@ -15,17 +15,23 @@ Capabilities come from, in increasing precedence:
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import multiprocessing
-import os
 import re
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from pytest_workerstart import space
-from pytest_workerstart.settings import KNOWN_CONTEXTS
+from pytest_workerstart.loader_spec import (
+    BUILTIN_NAMES,
+    SpecError,
+    accepts_kwarg,
+    builtin,
+    import_attr,
+    package_of,
+    version_of,
+)
+from pytest_workerstart.setting_values import KNOWN_CONTEXTS
 
 #: Capability name -> (kind, default, description). ``contexts`` values are
 #: comma-separated lists of context names; ``bool`` values are true/false.
@@ -44,14 +50,6 @@ CAPABILITIES: dict[str, tuple[str, Any, str]] = {
 
 #: Declared in 0.1 but read by no check; declaring one is an error that says so.
 REMOVED_CAPABILITIES = ("pin_memory", "custom_context")
-
-_SPEC_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-BUILTIN_NAMES = ("reference", "torch", "torchdata")
-
-
-class SpecError(Exception):
-    """A loader SPEC, capability or option the user got wrong (a usage error)."""
-
 
 @dataclasses.dataclass
 class LoaderUnderTest:
@@ -122,118 +120,6 @@ def from_payload(payload: Mapping[str, Any]) -> LoaderUnderTest:
     return resolve(payload["spec"], payload.get("kwarg"), payload.get("caps"))
 
 
-def _import_module(name: str) -> Any:
-    """Import ``name``; an adapter module in the current directory is found too.
-
-    ``python -m pytest`` puts the current directory on ``sys.path``, the
-    ``pytest`` script does not: a SPEC naming ``./myadapter.py`` should not
-    depend on which of the two the user typed."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        top = name.split(".")[0]
-        cwd = os.getcwd()
-        here = os.path.isfile(os.path.join(cwd, f"{top}.py")) or os.path.isdir(os.path.join(cwd, top))
-        if exc.name != top or not here or cwd in sys.path or "" in sys.path:
-            raise
-        sys.path.insert(0, cwd)  # scenario processes inherit it (scenarios.child_env)
-        return importlib.import_module(name)
-
-
-def _import_attr(spec: str) -> Any:
-    if not _SPEC_RE.match(spec):
-        raise SpecError(
-            f"malformed loader SPEC {spec!r}: expected a built-in name "
-            f"({', '.join(BUILTIN_NAMES)}) or 'module:attribute'"
-        )
-    module_name, attr_path = spec.split(":", 1)
-    try:
-        obj: Any = _import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            raise SpecError(f"loader SPEC {spec!r}: no module named {exc.name!r}") from None
-        raise SpecError(f"loader SPEC {spec!r}: importing {module_name!r} failed: {exc!r}") from None
-    except Exception as exc:  # the user's module raised while importing
-        raise SpecError(f"loader SPEC {spec!r}: importing {module_name!r} failed: {exc!r}") from None
-    for part in attr_path.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise SpecError(f"loader SPEC {spec!r}: module {module_name!r} has no attribute {attr_path!r}") from None
-    if not callable(obj):
-        raise SpecError(f"loader SPEC {spec!r}: {attr_path!r} is a {type(obj).__name__}, not a callable")
-    return obj
-
-
-def _package_of(factory: Any) -> str | None:
-    """An adapter module is not what is tested: it names the package it adapts."""
-    named = getattr(factory, "__workerstart_package__", None)
-    if named is not None:
-        if not isinstance(named, str) or not re.match(r"^[A-Za-z_]\w*$", named):
-            raise SpecError(f"__workerstart_package__ = {named!r}: expected a top-level import name, e.g. 'litdata'")
-        return named
-    return (getattr(factory, "__module__", "") or "").split(".")[0] or None
-
-
-def _version_of(top: str | None) -> str:
-    try:
-        from importlib.metadata import PackageNotFoundError, packages_distributions, version
-
-        for dist in packages_distributions().get(top, []):
-            try:
-                return version(dist)
-            except PackageNotFoundError:
-                continue
-    except Exception:  # metadata is best effort
-        pass
-    try:
-        mod = importlib.import_module(top) if top else None
-    except ImportError as exc:
-        raise SpecError(f"__workerstart_package__ names {top!r}, which does not import: {exc}") from None
-    return str(getattr(mod, "__version__", "unknown"))
-
-
-def accepts_kwarg(factory: Callable[..., Any], name: str) -> bool:
-    try:
-        sig = inspect.signature(factory)
-    except (TypeError, ValueError):
-        return True  # cannot tell (C callables): let the first check tell
-    params = sig.parameters.values()
-    return any(p.kind is p.VAR_KEYWORD for p in params) or name in sig.parameters
-
-
-def _builtin(name: str) -> tuple[Callable[..., Any], str | None, dict[str, Any]]:
-    """Factory, parallelism kwarg and declared capabilities of a built-in name."""
-    if name == "reference":
-        from pytest_workerstart import _torch_internals
-
-        try:
-            _torch_internals.check_supported()
-        except _torch_internals.UnsupportedTorchError as exc:
-            raise SpecError(f"built-in loader 'reference': {exc}") from None
-        from pytest_workerstart.reference import ParallelStartDataLoader
-
-        return (ParallelStartDataLoader, "worker_start_parallelism",
-                dict(ParallelStartDataLoader.__workerstart_capabilities__))
-    if name == "torch":
-        from torch.utils.data import DataLoader
-
-        # Stock torch starts workers one by one and its workers watch getppid(),
-        # which is the forkserver (not the driver) under forkserver.
-        return DataLoader, None, {"parallel_start": ()}
-    if name == "torchdata":
-        try:
-            from torchdata.stateful_dataloader import StatefulDataLoader
-        except ImportError as exc:
-            raise SpecError(f"built-in loader 'torchdata' needs torchdata installed ({exc})") from None
-        kwarg = "spawn_worker_start_parallelism"
-        if accepts_kwarg(StatefulDataLoader, kwarg) and kwarg in inspect.signature(StatefulDataLoader).parameters:
-            return StatefulDataLoader, kwarg, {"parallel_start": ("spawn",)}
-        return StatefulDataLoader, None, {"parallel_start": ()}
-    raise SpecError(f"unknown built-in loader {name!r}: choose one of {', '.join(BUILTIN_NAMES)} "
-                    "or give 'module:attribute'")
-
-
 def parse_capability(item: str) -> tuple[str, Any]:
     """``NAME=VALUE`` -> (name, parsed value); unknown names are usage errors."""
     if "=" not in item:
@@ -284,7 +170,7 @@ def resolve(
     known = spec in BUILTIN_NAMES  # built-ins say themselves whether they have a keyword
     caps: dict[str, Any] = {name: default for name, (_, default, _) in CAPABILITIES.items()}
     if ":" in spec:
-        factory = _import_attr(spec)
+        factory = import_attr(spec)
         default_kwarg = getattr(factory, "__workerstart_parallelism_kwarg__", None)
         if default_kwarg is None:
             for candidate in ("worker_start_parallelism", "spawn_worker_start_parallelism"):
@@ -302,7 +188,7 @@ def resolve(
         # Well-known third-party classes given by module:attr get the built-in's declaration.
         for name in ("torch", "torchdata"):
             try:
-                b_factory, b_kwarg, b_caps = _builtin(name)
+                b_factory, b_kwarg, b_caps = builtin(name)
             except SpecError:
                 continue
             if b_factory is factory:
@@ -313,19 +199,19 @@ def resolve(
             _check_capability_name(key, f"{spec}: __workerstart_capabilities__")
             caps[key] = _coerce(key, value)
     elif spec in BUILTIN_NAMES:
-        factory, default_kwarg, declared = _builtin(spec)
+        factory, default_kwarg, declared = builtin(spec)
         for key, value in declared.items():
             caps[key] = _coerce(key, value)
     elif not spec or not re.match(r"^[A-Za-z_]\w*$", spec):
         raise SpecError(f"malformed loader SPEC {spec!r}: expected a built-in name ({', '.join(BUILTIN_NAMES)}) "
                         "or 'module:attribute'")
     else:
-        _builtin(spec)  # raises the "unknown built-in" error
+        builtin(spec)  # raises the "unknown built-in" error
         raise AssertionError("unreachable")
 
     if "state_dict" not in (declared or {}):
         caps["state_dict"] = all(callable(getattr(factory, m, None)) for m in ("state_dict", "load_state_dict"))
-    package = _package_of(factory)
+    package = package_of(factory)
     if parallelism_kwarg is None:
         kwarg = default_kwarg
     elif parallelism_kwarg.lower() == "none":
@@ -344,7 +230,7 @@ def resolve(
         spec=spec,
         factory=factory,
         qualname=f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}",
-        version=_version_of(package),
+        version=version_of(package),
         package=package,
         parallelism_kwarg=kwarg,
         capabilities=caps,
@@ -396,7 +282,7 @@ def from_factory(obj: Any) -> LoaderUnderTest:
     elif callable(obj):
         spec = f"{getattr(obj, '__module__', '')}:{getattr(obj, '__qualname__', '')}"
         try:
-            same = _import_attr(spec) is obj
+            same = import_attr(spec) is obj
         except SpecError:
             same = False
         if not same:

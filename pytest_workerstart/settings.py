@@ -18,178 +18,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-KNOWN_CONTEXTS = ("spawn", "forkserver", "fork")
-PROFILES = ("quick", "full")
+from pytest_workerstart import setting_values as values
+
 #: --workerstart-explore's default in the full profile (seconds per explorable check and context)
 DEFAULT_EXPLORE_S = 8.0
 SPAWN_NOTE = "spawn: two draws"
-#: ``check.id``, ``check.id[context]`` or ``check.id[context-case]`` (the node id's
-#: parameters after the check id, e.g. ``failure.parent_start_error[spawn-middle]``).
-_XFAIL_LINE = re.compile(r"^(?P<id>[a-z_]+\.[a-z_]+)(\[(?P<ctx>[a-z]+(-[\w.-]+)?)\])?\s*:\s*(?P<reason>.*)$")
-
-
-def _usage(where: str, msg: str) -> pytest.UsageError:
-    return pytest.UsageError(f"{where}: {msg}")
-
-
-# --- converters: (raw value, where it came from) -> value ---------------------
-
-
-def _text(value: str, where: str) -> str:
-    value = value.strip()
-    if not value:
-        raise _usage(where, "empty value")
-    return value
-
-
-def _positive_float(value: Any, where: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise _usage(where, f"expected a number, got {value!r}") from None
-    if not number > 0 or number != number or number == float("inf"):
-        raise _usage(where, f"expected a positive finite number, got {value!r}")
-    return number
-
-
-def _bool(value: Any, where: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    low = str(value).strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off", ""):
-        return False
-    raise _usage(where, f"expected true or false, got {value!r}")
-
-
-def _count(value: Any, where: str) -> int:
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        raise _usage(where, f"expected a whole number >= 0, got {value!r}") from None
-    if number < 0:
-        raise _usage(where, f"expected a whole number >= 0, got {value!r}")
-    return number
-
-
-def _seconds(value: Any, where: str) -> float:
-    """A number of seconds >= 0 (0: off)."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise _usage(where, f"expected a number of seconds >= 0, got {value!r}") from None
-    if not number >= 0 or number == float("inf"):
-        raise _usage(where, f"expected a number of seconds >= 0, got {value!r}")
-    return number
-
-
-def _point(value: Any, where: str) -> str:
-    from pytest_workerstart import space
-
-    try:
-        return space.parse(str(value)).text()
-    except space.PointError as exc:
-        raise _usage(where, f"not a point: {exc}") from None
-
-
-def _jobs(value: Any, where: str) -> int | None:
-    """``auto`` (None: decided by the session) or a whole number >= 1."""
-    if str(value).strip().lower() == "auto":
-        return None
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise _usage(where, f"expected 'auto' or a whole number >= 1, got {value!r}")
-    return number
-
-
-def _profile(value: str, where: str) -> str:
-    value = value.strip()
-    if value not in PROFILES:
-        raise _usage(where, f"expected one of {', '.join(PROFILES)}, got {value!r}")
-    return value
-
-
-def _contexts(value: str, where: str) -> tuple[str, ...]:
-    names = tuple(v.strip() for v in str(value).split(",") if v.strip())
-    if not names:
-        raise _usage(where, f"give at least one of {', '.join(KNOWN_CONTEXTS)}")
-    for name in names:
-        if name not in KNOWN_CONTEXTS:
-            raise _usage(where, f"unknown context {name!r}: choose from {', '.join(KNOWN_CONTEXTS)}")
-    return tuple(dict.fromkeys(names))
-
-
-def _capabilities(values: Any, where: str) -> tuple[str, ...]:
-    items = values.splitlines() if isinstance(values, str) else list(values)
-    out = []
-    for item in (str(i).strip() for i in items):
-        if not item:
-            continue
-        if "=" not in item:
-            raise _usage(where, f"capability {item!r}: expected NAME=VALUE")
-        out.append(item)
-    return tuple(out)
-
-
-def _json_path(value: str, where: str) -> Path:
-    p = Path(value).expanduser().resolve()
-    if p.is_dir():
-        raise _usage(where, f"{str(p)!r} is a directory")
-    if not p.parent.is_dir():
-        raise _usage(where, f"directory {str(p.parent)!r} does not exist")
-    if (p.exists() and not os.access(p, os.W_OK)) or not os.access(p.parent, os.W_OK):
-        raise _usage(where, f"{str(p)!r} is not writable")
-    return p
-
-
-def _directory(value: str, where: str) -> Path:
-    p = Path(value).expanduser().resolve()
-    if p.exists() and not p.is_dir():
-        raise _usage(where, f"{str(p)!r} is not a directory")
-    if not p.exists() and not p.parent.is_dir():
-        raise _usage(where, f"directory {str(p.parent)!r} does not exist")
-    return p
-
-
-def _baseline(value: str, where: str) -> str:
-    from pytest_workerstart import baseline
-
-    try:
-        baseline.load(value)
-    except baseline.BaselineError as exc:
-        raise _usage(where, f"expected {' or '.join(baseline.SHIPPED)} or a verdict file: {exc}") from None
-    return value
-
-
-def _xfail_file(value: str, where: str) -> tuple[tuple[str, str | None, str], ...]:
-    """``check.id[context-case]: reason`` lines -> ((id, "context-case", "context" or None, reason), ...)."""
-    p = Path(value).expanduser()
-    if not p.is_file():
-        raise _usage(where, f"no such file {value!r}")
-    entries = {}
-    for lineno, raw in enumerate(p.read_text().splitlines(), 1):
-        line = "" if raw.lstrip().startswith("#") else raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        m = _XFAIL_LINE.match(line)
-        if not m:
-            raise _usage(where, f"{value}:{lineno}: expected 'check.id[context-case]: reason' "
-                                f"(context and case optional), got {raw.strip()!r}")
-        if not m["reason"].strip():
-            raise _usage(where, f"{value}:{lineno}: expected failure of {m['id']} needs a reason")
-        entries[(m["id"], m["ctx"])] = m["reason"].strip()
-    return tuple((i, c, r) for (i, c), r in entries.items())
 
 
 # --- the options ---------------------------------------------------------------
@@ -243,66 +82,66 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("loader", _text, "reference", metavar="SPEC",
+    Option("loader", values.text, "reference", metavar="SPEC",
            help="loader under test: reference, torch, torchdata or module:attribute"),
-    Option("parallelism_kwarg", _text, None, metavar="NAME",
+    Option("parallelism_kwarg", values.text, None, metavar="NAME",
            help="keyword that sets start parallelism ('none': the loader has no parallel start)"),
-    Option("capability", _capabilities, (), metavar="NAME=VALUE", kind="list", ini_type="linelist",
+    Option("capability", values.capabilities, (), metavar="NAME=VALUE", kind="list", ini_type="linelist",
            ini_key="workerstart_capabilities",
            help="declare or override a capability, e.g. parallel_start=spawn,forkserver (repeatable)"),
-    Option("context", _contexts, None, metavar="LIST",
+    Option("context", values.contexts, None, metavar="LIST",
            help="comma-separated contexts to check (default: every context the platform offers)", in_reproduce=False),
-    Option("profile", _profile, "full", metavar="quick|full",
+    Option("profile", values.profile, "full", metavar="quick|full",
            help="quick: one fault position, one p, forkserver where the clause is not about spawn"),
-    Option("strict", _bool, False, kind="flag",
+    Option("strict", values.boolean, False, kind="flag",
            help="also fail on fds/semaphores/shm held only through a referenced exception"),
-    Option("min_speedup", _positive_float, None, metavar="X",
+    Option("min_speedup", values.positive_float, None, metavar="X",
            help="speed.startup threshold (default: derived from boot cost and usable cores)"),
-    Option("driver_death_timeout", _positive_float, None, metavar="S",
+    Option("driver_death_timeout", values.positive_float, None, metavar="S",
            help="seconds every process of a killed driver has to disappear (default: 5 s for a worker's "
                 "poll of its parent, then the failure patience, max(5 s, 2 x the boot cost measured in the run))"),
-    Option("exit_timeout", _positive_float, 5.0, metavar="S",
+    Option("exit_timeout", values.positive_float, 5.0, metavar="S",
            help="seconds after the loader's end (exhaustion, break, del) for its processes and threads to go "
                 "(leaks.clean_exit; failure paths keep their own, documented patience)"),
-    Option("step_timeout", _positive_float, None, metavar="S",
+    Option("step_timeout", values.positive_float, None, metavar="S",
            help="deadline of each step that waits on the loader (iter(), a batch) in in-process checks "
                 "(default: derived from the boot cost measured at session start)"),
-    Option("memory_limit", _positive_float, None, metavar="GIB",
+    Option("memory_limit", values.positive_float, None, metavar="GIB",
            help="resident memory (GiB, summed over the driver and its workers) a step that waits on the loader "
                 "may reach before it is stopped and the check fails (default: half of this machine's memory, "
                 "shared by the scenarios that run at once)"),
-    Option("scenario_jobs", _jobs, None, metavar="N|auto",
+    Option("scenario_jobs", values.jobs, None, metavar="N|auto",
            help="fresh-interpreter scenarios of consecutive correctness checks that may run at once (1: one at a "
                 "time; auto: 2 where at least 2 cores are usable, 1 under xdist); speed trials always run alone",
            in_reproduce=False),
-    Option("circuit_breaker", _count, 3, metavar="N",
+    Option("circuit_breaker", values.count, 3, metavar="N",
            help="after N checks in a row fail the same way (a hang, the same error at the same step), "
                 "report the rest as not run (0: never)", in_reproduce=False),
-    Option("preflight", _bool, True, metavar="BOOL",
+    Option("preflight", values.boolean, True, metavar="BOOL",
            help="first build the loader and fetch one batch in a scenario process; stop saying why if that fails"),
-    Option("explore", _seconds, None, metavar="SECONDS",
+    Option("explore", values.seconds, None, metavar="SECONDS",
            help="seconds each explorable check may spend per context drawing and judging further points of its "
                 f"space (fork, forkserver; {SPAWN_NOTE}); 0: its fixed corners only "
                 f"(default: 0 in the quick profile, {DEFAULT_EXPLORE_S:g} in full)"),
-    Option("explore_points", _count, None, metavar="N",
+    Option("explore_points", values.count, None, metavar="N",
            help="draw exactly N points per explorable check and context (spawn too) instead of spending "
                 "--workerstart-explore's seconds, and shrink a failure within 3N more: with "
                 "--workerstart-explore-seed, the same points on any machine, however loaded; 0: corners only"),
-    Option("explore_seed", _count, None, metavar="N",
+    Option("explore_seed", values.count, None, metavar="N",
            help="seed of the explorer's draws (default: a new one each run, recorded per case in the verdict)"),
-    Option("replay", _point, None, metavar="POINT",
+    Option("replay", values.point, None, metavar="POINT",
            help="judge exactly POINT (e.g. N=4,p=3) in the explored cases instead of exploring: what a failed "
                 "case's reproduce command passes", in_reproduce=False),
-    Option("xfail", _xfail_file, (), metavar="FILE",
+    Option("xfail", values.xfail_file, (), metavar="FILE",
            help="file of expected failures: one 'check.id[context-case]: reason' per line (context, case optional)",
            in_reproduce=False),
-    Option("baseline", _baseline, None, metavar="VERDICT",
+    Option("baseline", values.baseline_name, None, metavar="VERDICT",
            help="show beside each case what a baseline got: 'torch' (the torch verdict shipped with the package) "
                 "or a verdict file; the summary separates failures the baseline shares from new ones",
            in_reproduce=False),
-    Option("json", _json_path, None, metavar="PATH", in_verdict=False,
+    Option("json", values.json_path, None, metavar="PATH", in_verdict=False,
            help="write a machine-readable verdict to PATH (rewritten as each check finishes)", in_reproduce=False),
-    Option("repro", _directory, None, metavar="DIR", in_verdict=False, in_reproduce=False,
+    Option("repro", values.directory, None, metavar="DIR", in_verdict=False, in_reproduce=False,
            help="write into DIR, for each failed check that has one, a standalone reproducer script "
                 "(torch and the standard library only; exit 1 on the loader judged, 0 on one that meets the clause)"),
 )
@@ -435,7 +274,7 @@ def _sources(config: pytest.Config, opt: Option) -> list[tuple[Any, str]]:
         try:
             ini = config.getini(opt.ini_name)
         except ValueError as exc:  # pytest's own bool parsing
-            raise _usage(where, str(exc)) from None
+            raise values.usage_error(where, str(exc)) from None
         if ini not in (None, [], ""):
             found.append((ini, where))
     return found

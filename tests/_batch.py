@@ -26,14 +26,9 @@ PREFIX = "test_ws_"
 
 def check_functions() -> dict[str, list[tuple[str, str]]]:
     """check id -> [(conformance module, function name)] of the functions that carry its marker."""
-    from pytest_workerstart.conformance import _checks
+    from pytest_workerstart.conformance import by_check_id
 
-    out: dict[str, list[tuple[str, str]]] = {}
-    for name, fn in _checks().items():
-        for mark in getattr(fn, "pytestmark", ()):
-            if mark.name == "workerstart_check":
-                out.setdefault(mark.args[0], []).append((fn.__module__.rpartition(".")[2], name))
-    return out
+    return {i: [(fn.__module__.rpartition(".")[2], name) for name, fn in fns] for i, fns in by_check_id().items()}
 
 
 def module_source(spec: str, ids: Iterable[str]) -> str:

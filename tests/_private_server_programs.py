@@ -49,7 +49,7 @@ def construct_only() -> None:
 
 def serve_and_wait(ready_path: str) -> None:
     """Persistent workers alive, then the pids of the server and workers to ``ready_path``; wait to be killed."""
-    from pytest_workerstart import private_forkserver
+    from pytest_workerstart.reference import private_forkserver
 
     dl = _loader(persistent=True)
     pids = {int(p) for b in dl for p in b["pid"]}
@@ -61,7 +61,7 @@ def serve_and_wait(ready_path: str) -> None:
 
 def server_only_and_wait(ready_path: str) -> None:
     """A server with no worker alive (an epoch ended), then wait to be killed."""
-    from pytest_workerstart import private_forkserver
+    from pytest_workerstart.reference import private_forkserver
 
     list(_loader())
     with open(ready_path + ".tmp", "w") as f:
@@ -75,7 +75,7 @@ def fork_then_use() -> str:
     own server (it is not the parent's server's parent) and the parent's stays in use."""
     import threading
 
-    from pytest_workerstart import private_forkserver
+    from pytest_workerstart.reference import private_forkserver
 
     list(_loader())
     parent = private_forkserver.current().pid

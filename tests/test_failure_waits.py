@@ -9,6 +9,7 @@ import pytest
 
 from pytest_workerstart import scenarios
 from pytest_workerstart.probes import leaks
+from pytest_workerstart.scenarios import child_faults
 
 
 @pytest.mark.parametrize(("boot", "expected"), [(0.0, 5.0), (1.0, 5.0), (2.5, 5.0), (3.4, 6.8), (10.0, 20.0)])
@@ -37,9 +38,9 @@ def _run(monkeypatch, outcomes):
         return dict(outcomes[len(tried) - 1], loader_timeout=loader_timeout)
 
     monkeypatch.setattr(scenarios, "rebuild", lambda loader, context: object())
-    monkeypatch.setattr(scenarios, "_child_fault_once", once)
+    monkeypatch.setattr(child_faults, "_child_fault_once", once)
     monkeypatch.setattr(leaks.LeakSnapshot, "take", classmethod(lambda cls: None))
-    out = scenarios.scenario_child_fault({}, "forkserver", "child_hang", worker=1, num_workers=3, parallelism=3,
+    out = child_faults.scenario_child_fault({}, "forkserver", "child_hang", worker=1, num_workers=3, parallelism=3,
                                          loader_timeout=5, boot_cost=1.0)
     return out, tried
 
@@ -60,8 +61,8 @@ def test_a_judged_try_ends_the_scenario(monkeypatch):
 
 
 def test_tries_are_bounded_and_the_last_is_judged(monkeypatch):
-    out, tried = _run(monkeypatch, [BOOTING] * scenarios.HANG_TRIES)
-    assert len(tried) == scenarios.HANG_TRIES and out["tries"] == scenarios.HANG_TRIES
+    out, tried = _run(monkeypatch, [BOOTING] * child_faults.HANG_TRIES)
+    assert len(tried) == child_faults.HANG_TRIES and out["tries"] == child_faults.HANG_TRIES
 
 
 def test_an_inconclusive_try_that_leaked_is_judged_on_its_leak(monkeypatch):

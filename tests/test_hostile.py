@@ -7,7 +7,7 @@ import time
 import psutil
 import pytest
 
-from pytest_workerstart.probes.leaks import ShmWatch, attributed_shm
+from pytest_workerstart.probes.shm import ShmWatch, attributed_shm
 
 pytestmark = pytest.mark.slow
 MODULE = "pytest_workerstart.fixtures.broken.hostile"

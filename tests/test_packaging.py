@@ -19,6 +19,9 @@ def test_wheel_contents(tmp_path):
     assert "pytest_workerstart/fixtures/datasets.py" in names
     assert "pytest_workerstart/fixtures/broken/loaders.py" in names
     assert "pytest_workerstart/verdict.schema.json" in names
+    # every subpackage of the source tree is declared in pyproject's package list, so none is left out
+    packages = {str(i.relative_to(ROOT)) for i in (ROOT / "pytest_workerstart").rglob("__init__.py")}
+    assert packages <= set(names), sorted(packages - set(names))
     tops = {n.split("/")[0] for n in names}
     assert tops == {"pytest_workerstart", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
     entry = next(n for n in names if n.endswith("entry_points.txt"))

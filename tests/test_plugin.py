@@ -25,9 +25,10 @@ def test_inert_without_the_flag(pytester):
         def test_plain(request):
             assert request.config.pluginmanager.has_plugin("workerstart")
             assert "torch" not in sys.modules
-            # the plugin, its settings table and the check registry (stdlib + pytest only)
+            # the plugin, its settings table and their converters, the check registry (stdlib + pytest only)
             assert {m for m in sys.modules if m.startswith("pytest_workerstart.")} <= {
-                "pytest_workerstart.plugin", "pytest_workerstart.settings", "pytest_workerstart.registry"}
+                "pytest_workerstart.plugin", "pytest_workerstart.settings", "pytest_workerstart.setting_values",
+                "pytest_workerstart.registry"}
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")

@@ -14,11 +14,10 @@ from multiprocessing import forkserver
 import psutil
 import pytest
 
-from pytest_workerstart import private_forkserver
 from pytest_workerstart.fixtures.datasets import WorkerTagDataset
 from pytest_workerstart.harness.clean_exit import run_clean_exit
 from pytest_workerstart.probes.context import InstrumentedContext
-from pytest_workerstart.reference import ParallelStartDataLoader
+from pytest_workerstart.reference import ParallelStartDataLoader, private_forkserver
 from tests import _private_server_programs as programs
 
 # torch DataLoaders run in this process: their SIGCHLD handler and worker pids go with each test

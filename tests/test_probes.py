@@ -12,7 +12,8 @@ from pytest_workerstart.harness.runner import run_scenario
 from pytest_workerstart.probes import digest as dg
 from pytest_workerstart.probes.context import InstrumentedContext
 from pytest_workerstart.probes.faults import FaultPlan, InjectedStartError
-from pytest_workerstart.probes.leaks import LeakSnapshot, ShmWatch
+from pytest_workerstart.probes.leaks import LeakSnapshot
+from pytest_workerstart.probes.shm import ShmWatch
 
 from . import _mpprograms as progs
 

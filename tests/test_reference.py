@@ -9,7 +9,8 @@ from torch.utils.data import DataLoader
 
 from pytest_workerstart import _torch_internals
 from pytest_workerstart.fixtures.datasets import AugmentedDataset, NestedMapDataset, ShardedRange, WorkerTagDataset
-from pytest_workerstart.probes.context import InstrumentedContext, warm_forkserver
+from pytest_workerstart.harness.forkserver import warm_forkserver
+from pytest_workerstart.probes.context import InstrumentedContext
 from pytest_workerstart.probes.digest import batch_digest
 from pytest_workerstart.probes.faults import FaultPlan
 from pytest_workerstart.probes.leaks import LeakSnapshot
@@ -263,12 +264,12 @@ def test_what_workers_unpickle_is_held_outside_cycles_until_shutdown():
 
     loader = ParallelStartDataLoader(WorkerTagDataset(8), num_workers=2, multiprocessing_context="fork")
     it = iter(loader)
-    queues, result_queue, done_event = reference._LIVE_IPC[id(it)]
+    queues, result_queue, done_event = reference.LIVE_IPC[id(it)]
     assert queues == it._index_queues and result_queue is it._worker_result_queue
     assert done_event is it._workers_done_event
     del it, queues, result_queue, done_event
     gc.collect()
-    assert reference._LIVE_IPC == {}
+    assert reference.LIVE_IPC == {}
 
 
 def test_a_start_policy_changes_one_decision_and_nothing_else():

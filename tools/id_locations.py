@@ -21,7 +21,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "development.md"
 BEGIN, END = "<!-- id-locations: begin -->", "<!-- id-locations: end -->"
 PACKAGE = "pytest_workerstart."
 #: shared by every check (ids, settings, measurements, datasets): not where an id's logic lives
-FOUNDATIONS = ("registry", "settings", "verdict", "space", "protocol", "fixtures", "conformance", "checkenv")
+FOUNDATIONS = ("registry", "settings", "verdict", "space", "protocol", "fixtures", "conformance", "checkenv", "bounded")
 
 
 def _imports(tree: ast.Module) -> dict[str, str]:
@@ -40,7 +40,8 @@ def _module_of(qualified: str) -> str:
     parts = qualified.split(".")
     root = Path(__file__).resolve().parent.parent / "pytest_workerstart"
     for k in range(len(parts), 0, -1):
-        if (root.joinpath(*parts[:k]).with_suffix(".py")).exists():
+        path = root.joinpath(*parts[:k])
+        if path.with_suffix(".py").exists() or (path / "__init__.py").exists():
             return "/".join(parts[:k])
     return "/".join(parts[:-1])
 
@@ -71,15 +72,11 @@ def _uses(module, func_name: str) -> set[str]:
 
 def rows() -> list[tuple[str, str, str, str]]:
     from pytest_workerstart import registry
-    from pytest_workerstart.conformance import _checks
+    from pytest_workerstart.conformance import by_check_id
     from pytest_workerstart.fixtures.broken import catalog
 
     catches, speed_catches = catalog.load()
-    by_id: dict[str, list] = {}
-    for name, fn in _checks().items():
-        for mark in getattr(fn, "pytestmark", ()):
-            if mark.name == "workerstart_check":
-                by_id.setdefault(mark.args[0], []).append((sys.modules[fn.__module__], name))
+    by_id = {i: [(sys.modules[fn.__module__], name) for name, fn in fns] for i, fns in by_check_id().items()}
     out = []
     for check_id in registry.CHECKS:
         funcs = by_id.get(check_id, [])

@@ -26,12 +26,11 @@ MODULE = "pytest_workerstart.fixtures.broken.regional"
 
 def _source(spec: str, check_id: str) -> str:
     from pytest_workerstart import space
-    from pytest_workerstart.conformance import _checks
+    from pytest_workerstart.conformance import by_check_id
 
     assert space.get(check_id) is not None, check_id
-    funcs = [(fn.__module__, name) for name, fn in _checks().items()
-             if any(m.name == "workerstart_check" and m.args[0] == check_id for m in getattr(fn, "pytestmark", ()))
-             and "ws_point" in fn.__code__.co_varnames[:fn.__code__.co_argcount]]
+    funcs = [(fn.__module__, name) for name, fn in by_check_id().get(check_id, [])
+             if "ws_point" in fn.__code__.co_varnames[:fn.__code__.co_argcount]]
     lines = ["import pytest", ""] + [f"from {mod} import {name}  # noqa: F401" for mod, name in funcs]
     return "\n".join([*lines, "", "", "@pytest.fixture(scope='module')", "def workerstart_loader():",
                       f"    return {spec!r}", ""])

@@ -5,7 +5,7 @@ exhaust, drop), alternating persistent workers and not and parallelism 1 and 4, 
 epochs of one persistent loader. Every ``--every`` cycles the driver's resources are
 sampled: open fds, threads, live children, zombie children, the named semaphores it holds registered
 with the resource tracker, ``/dev/shm`` entries its process tree created
-that still exist (attributed by :class:`~pytest_workerstart.probes.leaks.ShmWatch`), and the driver's
+that still exist (attributed by :class:`~pytest_workerstart.probes.shm.ShmWatch`), and the driver's
 PSS. A resource is **flat** when its last sample is within an allowance of its sample after
 the warm-up (the first ``--every`` cycles open what is opened once: a forkserver, torch's
 caches): 0 for children, zombies and ``/dev/shm`` entries, 2 fds, 1 thread, and for PSS
@@ -112,7 +112,7 @@ def soak(loader: str, context: str, cycles: int, epochs: int, every: int, progre
     if loader == "torch" and context == "forkserver":
         # torch's workers then fork from a server that imported torch once, as the reference's do
         multiprocessing.set_forkserver_preload(["torch", "torch.utils.data", __name__])
-    from pytest_workerstart.probes.leaks import ShmWatch
+    from pytest_workerstart.probes.shm import ShmWatch
 
     with ShmWatch() as watch, _Registrations() as registrations:
         # the watch's own thread is the soak's, not the loader's

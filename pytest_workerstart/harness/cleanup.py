@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import psutil
 
 from pytest_workerstart.harness.reaper import kill_and_wait, wait_exited
-from pytest_workerstart.probes.leaks import ProcInfo, ShmWatch, shm_entries
+from pytest_workerstart.probes.leaks import ProcInfo
+from pytest_workerstart.probes.shm import ShmWatch, shm_entries
 
 if TYPE_CHECKING:
     from pytest_workerstart.probes.context import InstrumentedContext

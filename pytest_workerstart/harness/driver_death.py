@@ -6,7 +6,7 @@ so a reused pid is never mistaken for a survivor), kills it with SIGKILL or
 lets it ``os._exit(0)``, then polls until every recorded process, and every
 later member of its session, is gone, or the bound passes. The ``/dev/shm``
 entries that tree mapped or held open at the kill (see
-:func:`~pytest_workerstart.probes.leaks.attributed_shm`) must be gone too.
+:func:`~pytest_workerstart.probes.shm.attributed_shm`) must be gone too.
 Survivors are listed with pid, cmdline and age, then killed; of the leftover
 shm entries only those attributed to the tree are unlinked, never another
 job's.
@@ -29,7 +29,8 @@ from pytest_workerstart.harness import reaper
 from pytest_workerstart.harness.cleanup import kill_tree
 from pytest_workerstart.harness.reaper import kill_session, session_members
 from pytest_workerstart.harness.runner import check_abort, launch
-from pytest_workerstart.probes.leaks import ProcInfo, alive, attributed_shm
+from pytest_workerstart.probes.leaks import ProcInfo, alive
+from pytest_workerstart.probes.shm import attributed_shm
 
 
 @dataclasses.dataclass

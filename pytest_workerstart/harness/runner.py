@@ -140,7 +140,7 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     then) may take to go by itself; only what is still there counts as ``leftovers``."""
     from pytest_workerstart.harness.cleanup import unlink_left
     from pytest_workerstart.probes.deadline import GUARD_EVERY_S, memory_limit_bytes, tree_rss_over
-    from pytest_workerstart.probes.leaks import ShmWatch
+    from pytest_workerstart.probes.shm import ShmWatch
 
     workdir = Path(tempfile.mkdtemp(prefix="workerstart-scenario-"))
     result_path = workdir / "result.json"

@@ -44,6 +44,9 @@ from pytest_workerstart.probes import leaks
 
 #: imported once in the zygote (never the loader's own module: user code stays in the child)
 PRELOAD = ("torch", "psutil", "pytest", "pytest_workerstart.scenarios", "pytest_workerstart.protocol",
+           *(f"pytest_workerstart.scenarios.{m}" for m in ("child_faults", "interrupt", "forkserver_died",
+                                                           "driver_death", "clean_exit")),
+           "pytest_workerstart.session.preflight", "pytest_workerstart.harness.forkserver",
            "pytest_workerstart.probes.context", "pytest_workerstart.probes.leaks",
            "pytest_workerstart.probes.faults", "pytest_workerstart.fixtures.datasets",
            "pytest_workerstart.distributed")

@@ -14,13 +14,11 @@ keeps the probe out of the leak snapshot: no fd, thread or semaphore of its own.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import multiprocessing
 import os
 import shutil
 import tempfile
-import threading
 import time
 import weakref
 from multiprocessing.context import BaseContext
@@ -28,88 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_workerstart.probes import faults as _faults
-
-
-@dataclasses.dataclass
-class WorkerRecord:
-    worker: int
-    generation: int
-    constructed: float | None = None
-    start_begin: float | None = None
-    #: when the context's hold (``hold_for_overlap``) let the start proceed
-    start_released: float | None = None
-    start_end: float | None = None
-    start_error: str | None = None
-    pid: int | None = None
-    #: the process that forked the worker, as the worker saw it at boot
-    ppid: int | None = None
-    boot: float | None = None
-    ready: float | None = None
-    exitcode: int | None = None
-
-    @property
-    def start_duration_unheld(self) -> float | None:
-        """The start's own duration, without the context's hold."""
-        if self.start_released is None or self.start_end is None:
-            return None
-        return self.start_end - self.start_released
-
-
-class _Recorder:
-    """Thread-safe parent-side bookkeeping shared by one context's processes."""
-
-    def __init__(self, num_workers: int, hold: float | None):
-        self.num_workers = num_workers
-        self.hold = hold
-        self.cond = threading.Condition()
-        self.generation = 0
-        self.index = 0
-        self.records: dict[tuple[int, int], WorkerRecord] = {}
-        self.procs: dict[tuple[int, int], weakref.ref] = {}
-        self.active: dict[int, int] = {}
-        self.peak: dict[int, int] = {}
-        self.started: dict[int, int] = {}
-
-    def construct(self, proc) -> tuple[int, int]:
-        with self.cond:
-            if self.index >= self.num_workers:
-                self.generation += 1
-                self.index = 0
-            key = (self.generation, self.index)
-            self.index += 1
-            self.records[key] = WorkerRecord(worker=key[1], generation=key[0], constructed=time.monotonic())
-            self.procs[key] = weakref.ref(proc)
-            return key
-
-    def begin(self, key: tuple[int, int]) -> None:
-        gen = key[0]
-        with self.cond:
-            self.records[key].start_begin = time.monotonic()
-            self.active[gen] = self.active.get(gen, 0) + 1
-            self.peak[gen] = max(self.peak.get(gen, 0), self.active[gen])
-            self.cond.notify_all()
-            if self.hold:
-                # Hold every start until all remaining starts of this generation
-                # are in flight or ``hold`` passes: overlap is then observed, and
-                # a bounded pool shows exactly its bound.
-                deadline = time.monotonic() + self.hold
-                while self.active[gen] + self.started.get(gen, 0) < self.num_workers:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self.cond.wait(left)
-            self.records[key].start_released = time.monotonic()
-
-    def end(self, key: tuple[int, int], pid: int | None, error: BaseException | None) -> None:
-        gen = key[0]
-        with self.cond:
-            rec = self.records[key]
-            rec.start_end = time.monotonic()
-            rec.pid = pid
-            rec.start_error = repr(error) if error is not None else None
-            self.active[gen] -= 1
-            self.started[gen] = self.started.get(gen, 0) + 1
-            self.cond.notify_all()
+from pytest_workerstart.probes.worker_records import Recorder, WorkerRecord
 
 
 class _InstrumentedProcessMixin:
@@ -120,7 +37,7 @@ class _InstrumentedProcessMixin:
     _ws_faults: tuple = ()
 
     def start(self):  # parent side
-        recorder: _Recorder = self._ws_recorder
+        recorder: Recorder = self._ws_recorder
         key = self._ws_key
         recorder.begin(key)
         error = None
@@ -172,8 +89,8 @@ class _InstrumentedProcessMixin:
             super().run()
         finally:
             # what the worker still maps when its target returns or raises: a segment it
-            # leaves behind is mapped by no one later (see probes.leaks.ShmWatch)
-            from pytest_workerstart.probes.leaks import shm_entries_mapped_by
+            # leaves behind is mapped by no one later (see probes.shm.ShmWatch)
+            from pytest_workerstart.probes.shm import shm_entries_mapped_by
 
             self._ws_emit("exit", shm=shm_entries_mapped_by([os.getpid()]))
 
@@ -254,7 +171,7 @@ class InstrumentedContext(BaseContext):
         # a context dropped without close() (a user's own test) still removes the directory it made
         self._remove = None if log_dir else weakref.finalize(self, _remove_own_dir, str(self.log_dir), os.getpid())
         self.log_path = self.log_dir / "events.jsonl"
-        self._recorder = _Recorder(num_workers, hold_for_overlap)
+        self._recorder = Recorder(num_workers, hold_for_overlap)
 
     # BaseContext uses _name for get_start_method(); the rest is delegated.
     def get_start_method(self, allow_none: bool = False) -> str:
@@ -415,31 +332,3 @@ class InstrumentedContext(BaseContext):
 
     def __repr__(self) -> str:
         return f"<InstrumentedContext {self._name} faults={self.faults.describe()}>"
-
-
-#: Modules the forkserver imports once, so forked workers boot in milliseconds.
-#: Explicit names: the implicit ``__main__`` preload differs across Python
-#: versions (cpython#126631) and the suite must not depend on it.
-FORKSERVER_PRELOAD = ["torch", "torch.utils.data", "pytest_workerstart.fixtures.datasets",
-                      "pytest_workerstart.reference", "pytest_workerstart.probes.context"]
-
-_preloaded = False
-
-def warm_forkserver(start: bool = True) -> None:
-    """Set the preload list before multiprocessing's forkserver first starts, then (with
-    ``start``) start it and the resource tracker, once per process.
-
-    ``start=False`` (scenario interpreters): the server starts when a loader first
-    uses it, and a loader with a forkserver of its own never pays for this one. Its
-    fds and process are a helper's either way (:func:`pytest_workerstart.probes.leaks.helper_fds`).
-    """
-    global _preloaded
-    from multiprocessing import forkserver, resource_tracker
-
-    if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:
-        multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
-    if _preloaded or not start:
-        return
-    forkserver.ensure_running()
-    resource_tracker.ensure_running()
-    _preloaded = True

@@ -10,7 +10,7 @@ registered in worker-id order whatever order the starts finish in, so seeds,
 sharding and batch order are exactly torch's.
 
 Under forkserver the workers are forked from the loader's own preloaded server
-(:mod:`pytest_workerstart.private_forkserver`; ``private_forkserver=False``
+(:mod:`pytest_workerstart.reference.private_forkserver`; ``private_forkserver=False``
 opts out), and workers from id p on start once the first batch has arrived.
 
 Every decision about the workers (how many starts at once, what each worker is
@@ -41,7 +41,7 @@ On any start failure every started process is stopped and joined, every queue
 closed, every start thread joined, and the references a raised exception would
 otherwise keep alive (through traceback frames) are dropped, so nothing leaks
 even while the exception is held. Workers also exit when the *driving* process
-dies (see :mod:`pytest_workerstart.driverwatch`), in every context.
+dies (see :mod:`pytest_workerstart.reference.driverwatch`), in every context.
 """
 
 from pytest_workerstart.cores import usable_cores

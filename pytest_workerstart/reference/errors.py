@@ -46,7 +46,7 @@ def _unpicklable_argument(arguments: dict) -> str | None:
     return None
 
 
-def _name_unpicklable(err: BaseException, arguments: dict, method: str) -> None:
+def name_unpicklable_argument(err: BaseException, arguments: dict, method: str) -> None:
     """Reword a start error caused by an argument that does not pickle, naming it."""
     cause = err.__cause__ if isinstance(err, WorkerStartError) else None
     if cause is None or not _is_pickling_error(cause):
@@ -58,7 +58,7 @@ def _name_unpicklable(err: BaseException, arguments: dict, method: str) -> None:
                                         "do not pickle; or use 'fork')"),)
 
 
-def _killed_by_signal(pid: int, signum: int) -> str:
+def killed_by_signal(pid: int, signum: int) -> str:
     """torch's own wording for a worker a signal killed (its SIGCHLD handler's message)."""
     import signal
 
@@ -69,12 +69,12 @@ def _killed_by_signal(pid: int, signum: int) -> str:
     return f"DataLoader worker (pid {pid}) is killed by signal: {name}."
 
 
-def _is_worker_failure(exc: BaseException) -> bool:
+def is_worker_failure(exc: BaseException) -> bool:
     text = str(exc)
     return text.startswith("DataLoader worker") or text.startswith("DataLoader timed out")
 
 
-def _scrub(exc: BaseException | None, seen: set[int] | None = None) -> None:
+def clear_held_frames(exc: BaseException | None, seen: set[int] | None = None) -> None:
     """Drop the locals of finished frames in ``exc``'s tracebacks (and its chain).
 
     A held exception (``pytest.raises``, logging) otherwise keeps the half-built
@@ -84,11 +84,11 @@ def _scrub(exc: BaseException | None, seen: set[int] | None = None) -> None:
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         traceback.clear_frames(exc.__traceback__)
-        _scrub(exc.__context__, seen)
+        clear_held_frames(exc.__context__, seen)
         exc = exc.__cause__
 
 
-def _bare_copy(exc: BaseException | None) -> BaseException | None:
+def bare_copy(exc: BaseException | None) -> BaseException | None:
     """``exc`` without its traceback (whose frames would keep the dead iterator's workers
     and queues referenced for as long as the error is), or None."""
     if exc is None:

@@ -11,15 +11,15 @@ from typing import Any
 import torch
 
 from pytest_workerstart import _torch_internals as torch_internals
-from pytest_workerstart import driverwatch, private_forkserver
+from pytest_workerstart.reference import driverwatch, private_forkserver
 from pytest_workerstart.reference.errors import (
     WorkerFailedError,
     WorkerStartError,
-    _bare_copy,
-    _is_worker_failure,
-    _killed_by_signal,
+    bare_copy,
+    is_worker_failure,
+    killed_by_signal,
 )
-from pytest_workerstart.reference.launcher import _LIVE_IPC, Launcher, _join_feeders
+from pytest_workerstart.reference.launcher import LIVE_IPC, Launcher, join_feeders
 from pytest_workerstart.reference.policy import StartPolicy
 
 #: how long a worker torch reported dead may take to be reaped, so its exit code (the signal) is known
@@ -85,7 +85,7 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
             self._abandon()
             policy.forget(exc)  # _launch's frame has finished by now: drop its locals too
             raise
-        _LIVE_IPC[id(self)] = (list(self._index_queues), self._worker_result_queue, self._workers_done_event)
+        LIVE_IPC[id(self)] = (list(self._index_queues), self._worker_result_queue, self._workers_done_event)
         try:
             if self._pin_memory:
                 torch_internals.start_pin_memory_thread(self)
@@ -103,7 +103,7 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
                 self._watch_workers()
                 policy.started(self._workers)
         except RuntimeError as exc:  # a worker died while we primed it
-            if not _is_worker_failure(exc):
+            if not is_worker_failure(exc):
                 if self._pending is not None:
                     self._fail()
                 raise
@@ -132,9 +132,9 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
         try:
             super()._shutdown_workers()  # closes the index queues without waiting for their feeders
         finally:
-            shared = _LIVE_IPC.pop(id(self), None)
+            shared = LIVE_IPC.pop(id(self), None)
             if shared is not None:  # every index queue primed, also those _halt_starts closed and dropped
-                _join_feeders(shared[0])
+                join_feeders(shared[0])
             if getattr(self, "_server", None) is not None:
                 private_forkserver.reap_retired()  # a replaced server exits with its last worker
 
@@ -320,12 +320,12 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
             raise
         except RuntimeError as exc:
             self._policy.failed(exc, self)
-            if not _is_worker_failure(exc):
+            if not is_worker_failure(exc):
                 if self._pending is not None:
                     self._fail()
                 raise
             message, silent = self._describe_failure(str(exc))
-            cause = _bare_copy(exc.__cause__)
+            cause = bare_copy(exc.__cause__)
         except BaseException as exc:
             self._policy.failed(exc, self)
             if not isinstance(exc, (Exception, GeneratorExit)):
@@ -348,7 +348,7 @@ class _ParallelStartIter(torch_internals.MultiProcessingIter):
                 w.join(EXIT_CODE_PATIENCE_S)  # dead but not yet reaped (a core dump still being written)
             code = w.exitcode
             if code is not None and code < 0 and "is killed by signal" not in text:
-                text = _killed_by_signal(w.pid, -code)
+                text = killed_by_signal(w.pid, -code)
             if code is not None:
                 names.append(f"worker {worker_id} (pid {w.pid}) exited with code {code}")
         if not names and getattr(self, "_tasks_outstanding", 0):

@@ -7,7 +7,7 @@ import threading
 import time
 
 from pytest_workerstart import _torch_internals as torch_internals
-from pytest_workerstart import driverwatch
+from pytest_workerstart.reference import driverwatch
 from pytest_workerstart.reference.errors import WorkerStartError
 
 #: how long shutdown waits for a closed index queue's feeder thread to flush and end
@@ -29,7 +29,7 @@ def worker_main(token, loop_kwargs) -> None:
 #: workers), and the semaphores are unlinked while a spawn worker still booting has
 #: yet to unpickle them (it dies with ``FileNotFoundError`` on stderr). Held here,
 #: they are not garbage in that pass.
-_LIVE_IPC: dict[int, tuple] = {}
+LIVE_IPC: dict[int, tuple] = {}
 
 
 class Launcher:
@@ -140,7 +140,7 @@ def _join_started(t: threading.Thread, patience: float = 1.0) -> None:
             time.sleep(0.01)
 
 
-def _join_feeders(queues) -> None:
+def join_feeders(queues) -> None:
     """Wait for the feeder threads of closed queues. A feeder still running when the
     interpreter exits releases its queue's semaphores as a daemon thread: killed
     mid-finalizer, it leaves a name unlinked but registered (the resource tracker
@@ -169,4 +169,4 @@ def stop_launches(launches, done_event) -> None:
         q.close()
         if w._popen is not None:
             w.close()
-    _join_feeders(q for q, _ in launches)
+    join_feeders(q for q, _ in launches)

@@ -13,7 +13,7 @@ import torch.multiprocessing
 from torch.utils.data import DataLoader
 
 from pytest_workerstart import _torch_internals as torch_internals
-from pytest_workerstart import private_forkserver
+from pytest_workerstart.reference import private_forkserver
 from pytest_workerstart.reference.iterator import _ParallelStartIter, _Progress, _SingleIter
 from pytest_workerstart.reference.policy import StartPolicy
 

@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from pytest_workerstart.reference.errors import _name_unpicklable, _scrub
+from pytest_workerstart.reference.errors import clear_held_frames, name_unpicklable_argument
 from pytest_workerstart.reference.launcher import Launcher, start_serially, stop_launches, worker_main
 
 
@@ -89,11 +89,11 @@ class StartPolicy:
         still see these lists, so empty them, then clear the finished frames' locals."""
         for lst in lists:
             lst.clear()
-        _scrub(exc)
+        clear_held_frames(exc)
 
     def explain_start_error(self, exc: BaseException, sent: dict[str, Any], method: str) -> None:
         """Reword a start error caused by an argument in ``sent`` that does not pickle, naming it."""
-        _name_unpicklable(exc, sent, method)
+        name_unpicklable_argument(exc, sent, method)
 
     # --- running and stopping ----------------------------------------------------------
 

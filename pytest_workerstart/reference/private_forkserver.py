@@ -28,7 +28,7 @@ once its last worker does (each worker holds its "alive" pipe). A server that
 died (killed) is started again on the next worker start. At interpreter exit,
 after multiprocessing has stopped its daemonic children, the server is
 stopped and reaped. When the driver is killed, the workers exit (they watch
-the driver, :mod:`pytest_workerstart.driverwatch`) and the server sees the
+the driver, :mod:`pytest_workerstart.reference.driverwatch`) and the server sees the
 end of its "alive" pipe and exits too.
 
 Uses multiprocessing internals that are the same from Python 3.10 to 3.13
