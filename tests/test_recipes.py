@@ -43,3 +43,24 @@ def test_recipe_runs_the_suite(run_suite, pytester, monkeypatch, recipe):
     assert loader["package"] == package and loader["version"] == installed, loader
     assert f"{recipe}.make, {package} {loader['version']}" in out
     assert "no parallelism keyword found" not in out  # the recipe declared parallel_start: no hint
+
+
+#: torch batches each worker's share of an iterable dataset and drops that share's last partial
+#: batch: 6 workers x 1 batch of 3 = 18 of 23 items
+DROP_LAST_POINT = ("N=6,p=none,data=iterable,len=23,batch=3,drop_last=1,prefetch=none,persistent=0,in_order=none,"
+                   "epochs=1")
+
+
+@pytest.mark.timeout(600)
+def test_the_litdata_recipe_drops_each_workers_last_partial_batch(run_suite, pytester, monkeypatch):
+    """litdata's loader gives drop_last to its dataset, not to torch's batching: the recipe's
+    dataset applies it to each worker's items of an iterable dataset."""
+    try:
+        importlib.metadata.version("litdata")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("litdata is not installed (pip install 'pytest-workerstart[third-party]')")
+    shutil.copy(RECIPES / "litdata_adapter.py", pytester.path)
+    monkeypatch.chdir(pytester.path)
+    verdict = run_suite("--workerstart-loader=litdata_adapter:make", "--workerstart-context=forkserver",
+                        f"--workerstart-replay={DROP_LAST_POINT}", "-k", "test_exactly_once_at and explore")
+    assert verdict.outcomes("sharding.exactly_once") == ["passed"], verdict.result.stdout.str()[-3000:]

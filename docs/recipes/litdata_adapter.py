@@ -16,6 +16,8 @@ torch's sampler, so ``digest.torch_parity`` on shuffled cases is expected to dif
 (run from the directory holding this file, or put it on ``PYTHONPATH``.)
 """
 
+import itertools
+
 import torch
 from litdata import StreamingDataLoader, StreamingDataset
 from torch.utils.data import IterableDataset, default_convert, get_worker_info
@@ -62,8 +64,15 @@ class SuiteStreamingDataset(StreamingDataset):
 
     def __iter__(self):
         if isinstance(self.dataset, IterableDataset):  # the suite's iterable datasets shard themselves
-            yield from self.dataset
-            return
+            # litdata's loader hands drop_last to its dataset, not to torch's batching: drop each
+            # worker's last partial batch here, as torch does for an iterable dataset
+            items = iter(self.dataset)
+            while True:
+                batch = list(itertools.islice(items, self.batch_size))
+                if batch and (len(batch) == self.batch_size or not self.drop_last):
+                    yield from batch
+                if len(batch) < self.batch_size:
+                    return
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         order = list(self.sampler) if self.sampler is not None else list(range(len(self.dataset)))
