@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +33,19 @@ def text(value: str, where: str) -> str:
     return value
 
 
-def positive_float(value: Any, where: str) -> float:
+def _number(value: Any, where: str, expected: str, ok: Callable[[float], bool]) -> float:
+    """``value`` as a finite float that ``ok`` accepts, else a usage error saying what was ``expected``."""
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise usage_error(where, f"expected a number, got {value!r}") from None
-    if not number > 0 or number != number or number == float("inf"):
-        raise usage_error(where, f"expected a positive finite number, got {value!r}")
+        number = float("nan")
+    if number != number or number in (float("inf"), float("-inf")) or not ok(number):
+        raise usage_error(where, f"expected {expected}, got {value!r}")
     return number
+
+
+def positive_float(value: Any, where: str) -> float:
+    return _number(value, where, "a positive finite number", lambda n: n > 0)
 
 
 def boolean(value: Any, where: str) -> bool:
@@ -65,13 +71,7 @@ def count(value: Any, where: str) -> int:
 
 def seconds(value: Any, where: str) -> float:
     """A number of seconds >= 0 (0: off)."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise usage_error(where, f"expected a number of seconds >= 0, got {value!r}") from None
-    if not number >= 0 or number == float("inf"):
-        raise usage_error(where, f"expected a number of seconds >= 0, got {value!r}")
-    return number
+    return _number(value, where, "a number of seconds >= 0", lambda n: n >= 0)
 
 
 def point(value: Any, where: str) -> str:

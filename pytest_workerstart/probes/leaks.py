@@ -10,7 +10,7 @@ this process's descendants, keyed by (pid, create time). A ``/dev/shm`` entry
 (named semaphore, torch or POSIX shared memory) is ours only while a process
 of that tree maps it (``/proc/PID/maps``) or holds it open (``/proc/PID/fd``):
 entries of other jobs on the machine, even ones created meanwhile, are never
-counted. An entry whose creator has exited is mapped by no one: :class:`ShmWatch`
+counted. An entry whose creator has exited is mapped by no one: :class:`~.probes.shm.ShmWatch`
 attributes those while the tree runs (unlinking what it attributed, and killing what
 outlived its bound, is :mod:`pytest_workerstart.harness.cleanup`'s).
 
