@@ -154,3 +154,34 @@ def test_interrupt_check_holds_when_sigint_is_inherited_ignored(run_suite):
     finally:
         signal.signal(signal.SIGINT, old)
     assert v.outcomes("failure.interrupt_during_start") == ["passed"], v.reasons("failure.interrupt_during_start")
+
+
+#: a process that lets SIGTERM end it as Ctrl-C does, then forks: the child is SIGTERMed at once
+_FORKED_CHILD = """
+import os, signal, sys, time
+from pytest_workerstart.harness import reaper
+
+reaper.terminate_as_interrupt()
+ready_r, ready_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.write(ready_w, b"x")
+        time.sleep(30)
+    except reaper.Terminated:
+        os._exit(3)  # it unwound through the parent's frames, as a second pytest would
+    os._exit(0)
+os.read(ready_r, 1)
+os.kill(pid, signal.SIGTERM)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_fork_of_pytest_sent_sigterm_dies_and_does_not_unwind_as_pytest():
+    """A fork worker SIGTERMed before it sets its own handlers (the suite's cleanup, a loader's
+    terminate()) inherits pytest's SIGTERM handler: it must die, not raise into pytest's frames
+    and run a second pytest session that writes its summary into the run's output."""
+    proc = subprocess.run([sys.executable, "-c", _FORKED_CHILD], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == str(-signal.SIGTERM), proc.stdout + proc.stderr[-2000:]

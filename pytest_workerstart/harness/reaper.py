@@ -229,8 +229,16 @@ def terminate_as_interrupt(on_signal=None):
             signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return None
 
+    owner = os.getpid()
+
     def handler(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if os.getpid() != owner:
+            # a process forked from pytest (a fork worker before its own handlers are set, or
+            # before multiprocessing's bootstrap): die as SIGTERM kills, never unwind through
+            # pytest's frames as a second pytest
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         if on_signal is not None:
             on_signal()
         raise Terminated("pytest was sent SIGTERM")
