@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 
 from pytest_workerstart import _torch_internals, scenarios
 from pytest_workerstart.bounded import batches_of
+from pytest_workerstart.conformance.order_judges import order_problems, rng_problems
 from pytest_workerstart.fixtures.datasets import WorkerTagDataset
 from pytest_workerstart.harness.runner import run_scenario
 from pytest_workerstart.probes import epochs
@@ -150,12 +151,12 @@ def _judge(check_env, problems: list[str], what: str) -> None:
 @check("order.epoch_shuffle")
 def test_epoch_shuffle(check_env):
     streams = _streams(check_env)
-    _judge(check_env, epochs.order_problems(streams, _truths(check_env, streams)),
+    _judge(check_env, order_problems(streams, _truths(check_env, streams)),
            f"index streams over {epochs.EPOCHS} epochs")
 
 
 @check("order.rng_streams")
 def test_rng_streams(check_env):
     streams = _streams(check_env)
-    _judge(check_env, epochs.rng_problems(streams, _truths(check_env, streams)),
+    _judge(check_env, rng_problems(streams, _truths(check_env, streams)),
            f"what workers' user code drew from torch, random and NumPy over {epochs.EPOCHS} epochs")

@@ -16,7 +16,7 @@ Each item carries the pid of the worker that computed it
 every worker has delivered a batch is measured from the test's side.
 
 Two rounds, and up to three more, each only where it could change a decision
-(:func:`~pytest_workerstart.speed_judge.undecided`), of the configurations the undecided
+(:func:`~pytest_workerstart.conformance.speed_judges.undecided`), of the configurations the undecided
 ids read: a loader far from every bound is judged in two, with the decision three would
 give; a run whose trials a slow minute spread is judged on the median of up to five. All
 comparisons are ratios of medians measured side by side in this run; the startup threshold
@@ -36,10 +36,16 @@ from __future__ import annotations
 import pytest
 
 from pytest_workerstart import scenarios
+from pytest_workerstart.conformance.speed_judges import (
+    READS,
+    memory_problems,
+    startup_problems,
+    steady_problems,
+    undecided,
+)
 from pytest_workerstart.cores import usable_cores
 from pytest_workerstart.harness.trials import run_trials
 from pytest_workerstart.probes import foreign_cpu
-from pytest_workerstart.speed_judge import READS, memory_problems, startup_problems, steady_problems, undecided
 from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check

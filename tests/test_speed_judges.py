@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_workerstart.conformance.speed_judges import memory_problems, startup_problems, steady_problems, undecided
 from pytest_workerstart.fixtures.broken import catalog
-from pytest_workerstart.speed_judge import memory_problems, startup_problems, steady_problems, undecided
 
 _, SPEED_CATCHES = catalog.load()
 DATA = Path(__file__).parent / "data" / "speed"
