@@ -16,8 +16,15 @@ from pathlib import Path
 from typing import Any
 
 
+def case_name(nodeid: str) -> str:
+    """``test_x.py::test_y[params]``: a node id without the folder pytest reported it from (a
+    run's rootdir decides whether it is ``conformance/test_x.py`` or ``test_x.py``)."""
+    path, sep, rest = nodeid.partition("::")
+    return f"{path.rpartition('/')[2]}{sep}{rest}"
+
+
 def _outcomes(verdict: dict[str, Any]) -> dict[str, str]:
-    return {c["nodeid"]: c.get("outcome") or c.get("state") or "?" for c in verdict.get("checks", ())}
+    return {case_name(c["nodeid"]): c.get("outcome") or c.get("state") or "?" for c in verdict.get("checks", ())}
 
 
 def _versions(verdict: dict[str, Any]) -> dict[str, str]:

@@ -81,12 +81,14 @@ def test_changes_name_each_case_that_changed_appeared_or_went_away(tmp_path):
                 "plugin_version": "0.3.0", "version": "0.6", "summary": {"passed": 1},
                 "checks": [{"nodeid": n, "outcome": o} for n, o in outcomes.items()]}
 
-    old = verdict({"a": "passed", "b": "failed", "c": "passed"}, "1.0")
-    new = verdict({"a": "passed", "b": "passed", "d": "skipped"}, "1.1", "2026-12-04T17:00:00+00:00")
+    old = verdict({"t.py::a[x/y]": "passed", "t.py::b": "failed", "t.py::c": "passed"}, "1.0")
+    # the same cases reported from another rootdir: the folder is not part of a case's name
+    new = verdict({"conformance/t.py::a[x/y]": "passed", "conformance/t.py::b": "passed",
+                   "conformance/t.py::d": "skipped"}, "1.1", "2026-12-04T17:00:00+00:00")
     lines = results_changes.changes(old, new)
     assert "loader x 1.0 -> x 1.1" in lines[0] and "recorded before 0.6 (no date) -> 2026-12-04" in lines[0]
-    assert lines[1:] == ["  1 cases as before, 1 changed, 1 new, 1 gone", "  b: failed -> passed",
-                         "  new d: skipped", "  gone c (was passed)"]
+    assert lines[1:] == ["  1 cases as before, 1 changed, 1 new, 1 gone", "  t.py::b: failed -> passed",
+                         "  new t.py::d: skipped", "  gone t.py::c (was passed)"]
     (tmp_path / "old").mkdir(), (tmp_path / "new").mkdir()
     (tmp_path / "old" / "x.json").write_text(json.dumps(old))
     (tmp_path / "new" / "x.json").write_text(json.dumps(new))
