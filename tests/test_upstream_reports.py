@@ -16,7 +16,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "results"
 UPSTREAM = DOCS / "upstream"
 REPORTS = sorted(UPSTREAM.glob("*.md"))
 SECTIONS = ("## Versions", "## Reproducer", "## Expected", "## Actual", "## Related")
-#: script -> (the project it reports on, its affected release, argv that fails, argv of the baseline that passes)
+#: script -> (the project it reports on, as imported; its affected release; argv that fails; argv of the baseline)
 SCRIPTS = {
     "accelerate_prefetch_lookahead.py": ("accelerate", "1.16.0", ["fork"], ["fork", "torch.utils.data:DataLoader"]),
     "accelerate_state_dict_without_stateful.py": ("accelerate", "1.16.0", [],
@@ -24,6 +24,7 @@ SCRIPTS = {
     "accelerate_dispatcher_unbatched.py": ("accelerate", "1.16.0", [], ["torch.utils.data:DataLoader"]),
     "monai_thread_dataloader_swallows_errors.py": ("monai", "1.6.1", ["fork"], ["fork", "monai.data:DataLoader"]),
     "monai_batch_size_none_collate.py": ("monai", "1.6.1", ["fork"], ["fork", "torch.utils.data:DataLoader"]),
+    "mosaic_streaming_unbatched.py": ("streaming", "0.13.0", [], ["torch.utils.data:DataLoader"]),
 }
 
 
@@ -64,8 +65,10 @@ def test_fails_on_the_affected_release_and_passes_on_the_baseline(script, tmp_pa
     project, affected, failing, passing = SCRIPTS[script]
     if importlib.util.find_spec(project) is None:  # not imported here: monai's import sets environment variables
         pytest.skip(f"{project} is not installed")
-    if metadata.version(project) != affected:
-        pytest.skip(f"{project} {metadata.version(project)} installed; the report is about {affected}")
+    # the import name is not always the distribution's: streaming ships as mosaicml-streaming
+    version = metadata.version(metadata.packages_distributions().get(project, [project])[0])
+    if version != affected:
+        pytest.skip(f"{project} {version} installed; the report is about {affected}")
     for argv, rc in ((failing, 1), (passing, 0)):
         proc = subprocess.run([sys.executable, str(UPSTREAM / script), *argv], cwd=tmp_path,
                               capture_output=True, text=True, timeout=180)
