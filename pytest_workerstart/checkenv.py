@@ -21,7 +21,13 @@ from pytest_workerstart.harness import cleanup
 from pytest_workerstart.harness.forkserver import warm_forkserver
 from pytest_workerstart.probes import leaks, shm
 from pytest_workerstart.probes.context import InstrumentedContext
-from pytest_workerstart.probes.deadline import StepAborted, deadline, memory_limit_bytes, thread_stacks, tree_rss_over
+from pytest_workerstart.probes.deadline import (
+    StepAborted,
+    deadline,
+    memory_limit_bytes,
+    thread_stacks,
+    tree_memory_over,
+)
 from pytest_workerstart.probes.faults import FaultPlan
 from pytest_workerstart.probes.leaks import LeakReport, LeakSnapshot
 from pytest_workerstart.verdict import MEASUREMENTS, record_measurements
@@ -170,7 +176,7 @@ class CheckEnv:
 
     @property
     def memory_limit(self) -> int:
-        """Bytes of resident memory the loader's tree may reach (in-process steps and scenarios)."""
+        """Bytes of memory (PSS) the loader's tree may reach (in-process steps and scenarios)."""
         return memory_limit_bytes(self.settings.memory_limit)
 
     @property
@@ -191,7 +197,7 @@ class CheckEnv:
         return res
 
     def memory_guard(self) -> Callable[[], str | None]:
-        return tree_rss_over(self.memory_limit)
+        return tree_memory_over(self.memory_limit)
 
     def failure_signature(self, exc: BaseException) -> str | None:
         """How this check failed, if the loader itself failed inside a step ("hang at next() #1")."""

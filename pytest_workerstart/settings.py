@@ -107,7 +107,7 @@ OPTIONS: tuple[Option, ...] = (
            help="deadline of each step that waits on the loader (iter(), a batch) in in-process checks "
                 "(default: derived from the boot cost measured at session start)"),
     Option("memory_limit", values.positive_float, None, metavar="GIB",
-           help="resident memory (GiB, summed over the driver and its workers) a step that waits on the loader "
+           help="memory (GiB of PSS, summed over the driver and its workers) a step that waits on the loader "
                 "may reach before it is stopped and the check fails (default: half of this machine's memory, "
                 "shared by the scenarios that run at once)"),
     Option("scenario_jobs", values.jobs, None, metavar="N|auto",

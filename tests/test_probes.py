@@ -2,6 +2,8 @@
 
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -11,11 +13,63 @@ from pytest_workerstart.harness.cleanup import unlink_left
 from pytest_workerstart.harness.runner import run_scenario
 from pytest_workerstart.probes import digest as dg
 from pytest_workerstart.probes.context import InstrumentedContext
+from pytest_workerstart.probes.deadline import tree_memory_over
 from pytest_workerstart.probes.faults import FaultPlan, InjectedStartError
 from pytest_workerstart.probes.leaks import LeakSnapshot
 from pytest_workerstart.probes.shm import ShmWatch
 
 from . import _mpprograms as progs
+
+# --- memory guard ---------------------------------------------------------------
+
+#: a parent that writes 256 MiB and then forks three children sharing those pages
+_SHARING_TREE = """
+import os, signal, sys, time
+blob = b"x" * (256 << 20)
+children = []
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(120)
+        os._exit(0)
+    children.append(pid)
+
+def stop(signum, frame):  # reaps its own children: none is left to init
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PSS is read from /proc")
+def test_memory_guard_counts_shared_pages_once_and_still_stops_a_tree_over_its_limit():
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-c", _SHARING_TREE], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        top = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 10
+        while len(top.children()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tree = [top, *top.children()]
+        rss = sum(p.memory_info().rss for p in tree)
+        pss = sum(p.memory_full_info().pss for p in tree)
+        assert rss > pss + (512 << 20), (rss, pss)  # the shared 256 MiB counted in each of 4 processes
+        assert tree_memory_over((rss + pss) // 2, root=proc.pid)() is None
+        message = tree_memory_over(pss // 2, root=proc.pid)()
+        assert message is not None and message.startswith("memory (PSS) of the driver and its workers reached"), message
+        assert "(--workerstart-memory-limit); largest: pid " in message, message
+    finally:
+        proc.terminate()  # the parent kills and reaps its children
+        proc.wait(timeout=10)
+        proc.stdout.close()
+
 
 # --- leak snapshot -------------------------------------------------------------
 

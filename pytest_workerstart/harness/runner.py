@@ -126,8 +126,9 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
                  memory_limit: int | None = None, exit_grace: float = 0.0, measuring: bool = False,
                  warm: bool = False) -> ScenarioResult:
     """Run ``target(**kwargs)`` in a fresh interpreter; kill it and its tree after
-    ``timeout`` s (status ``hang``, with stacks) or once their resident memory
-    passes ``memory_limit`` bytes (default: half of this machine's; status ``memory``).
+    ``timeout`` s (status ``hang``, with stacks) or once their memory (PSS:
+    :func:`~pytest_workerstart.probes.deadline.tree_memory_over`) passes ``memory_limit``
+    bytes (default: half of this machine's; status ``memory``).
     ``/dev/shm`` entries its tree created and left are unlinked and listed in ``shm_left``
     (``measuring``: a timed run; the tree is then sampled once a second only, so
     that the watch costs the measurement nothing, and the child skips its
@@ -139,7 +140,7 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     (workers, a forkserver, the resource tracker, which prints its leak warnings
     then) may take to go by itself; only what is still there counts as ``leftovers``."""
     from pytest_workerstart.harness.cleanup import unlink_left
-    from pytest_workerstart.probes.deadline import GUARD_EVERY_S, memory_limit_bytes, tree_rss_over
+    from pytest_workerstart.probes.deadline import GUARD_EVERY_S, memory_limit_bytes, tree_memory_over
     from pytest_workerstart.probes.shm import ShmWatch
 
     workdir = Path(tempfile.mkdtemp(prefix="workerstart-scenario-"))
@@ -148,7 +149,7 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     proc = launch(workdir, target, kwargs or {}, env, warm=warm, fast_exit=measuring)
     start = time.monotonic()  # after a zygote's own start (bounded by it), which is not the scenario's
     leader_ctime = reaper.register_session(proc.pid)
-    guard = tree_rss_over(memory_limit or memory_limit_bytes(None), root=proc.pid)
+    guard = tree_memory_over(memory_limit or memory_limit_bytes(None), root=proc.pid)
     shm = ShmWatch(interval=1.0 if measuring else 0.1, eager=not measuring, root=proc.pid,
                    # the session too: workers outlive a killed driver
                    also=lambda: [p.pid for p in reaper.session_members(proc.pid, leader_ctime)]).__enter__()

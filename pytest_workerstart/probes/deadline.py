@@ -10,7 +10,7 @@ returns after its deadline (the exception swallowed on the way, as Python does
 with one raised in ``__del__``) raises it on leaving the ``with``.
 
 The same watchdog guards memory: ``guard()`` is called every ``GUARD_EVERY_S``
-and a message it returns (a runaway loader's resident memory) stops the step
+and a message it returns (a runaway loader's memory) stops the step
 the same way, with :class:`StepAborted` naming what was exceeded.
 
 A signal, not pytest-timeout's SIGALRM: the two must not share a timer, and
@@ -75,30 +75,46 @@ def memory_limit_bytes(gib: float | None) -> int:
     return int(gib * 2**30) if gib is not None else psutil.virtual_memory().total // 2
 
 
-def tree_rss_over(limit_bytes: int, root: int | None = None) -> Callable[[], str | None]:
-    """A guard: the resident memory of ``root`` (default: this process) and its
-    descendants, described when above ``limit_bytes``, else None."""
+def tree_memory_over(limit_bytes: int, root: int | None = None) -> Callable[[], str | None]:
+    """A guard: the memory of ``root`` (default: this process) and its descendants, described
+    when above ``limit_bytes``, else None.
+
+    Memory is the proportional set size (PSS): a page shared by k processes counts 1/k in each,
+    so the workers of a forkserver or of ``fork``, which share the pages their parent loaded, are
+    not counted once per process as resident memory would count them. Reading PSS walks page
+    tables (milliseconds per large process), and PSS never exceeds resident memory, so resident
+    memory is summed first and PSS is read only when that sum is over the limit. Where the
+    platform gives no PSS, resident memory is the measure.
+    """
     import psutil
 
     top = psutil.Process(root)
 
+    def sizes(tree: list, measure: Callable) -> list[tuple[int, int]]:
+        out = []
+        for p in tree:
+            try:
+                out.append((measure(p), p.pid))
+            except psutil.Error:  # gone since the listing
+                continue
+        return out
+
     def guard() -> str | None:
-        total, biggest = 0, []
         try:
             tree = [top, *top.children(recursive=True)]
         except psutil.Error:
             return None
-        for p in tree:
-            try:
-                rss = p.memory_info().rss
-            except psutil.Error:
-                continue
-            total += rss
-            biggest.append((rss, p.pid))
+        rss = sizes(tree, lambda p: p.memory_info().rss)
+        if sum(size for size, _ in rss) <= limit_bytes:
+            return None
+        measure, per = "resident memory", rss
+        if hasattr(psutil.Process, "memory_full_info") and psutil.LINUX:
+            measure, per = "memory (PSS)", sizes(tree, lambda p: p.memory_full_info().pss)
+        total = sum(size for size, _ in per)
         if total <= limit_bytes:
             return None
-        largest = ", ".join(f"pid {pid} {rss / 2**30:.1f} GiB" for rss, pid in sorted(biggest, reverse=True)[:3])
-        return (f"resident memory of the driver and its workers reached {total / 2**30:.1f} GiB, over the "
+        largest = ", ".join(f"pid {pid} {size / 2**30:.1f} GiB" for size, pid in sorted(per, reverse=True)[:3])
+        return (f"{measure} of the driver and its workers reached {total / 2**30:.1f} GiB, over the "
                 f"{limit_bytes / 2**30:.1f} GiB limit (--workerstart-memory-limit); largest: {largest}")
 
     return guard

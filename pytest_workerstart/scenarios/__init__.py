@@ -35,7 +35,7 @@ def run(loader, context: str, scenario: Callable | str, *, timeout: float, memor
         exit_grace: float = 0.0, warm: bool = False, **kwargs) -> ScenarioResult:
     """Run ``scenario`` (a module-level function, or "module:function") for
     ``loader`` (a LoaderUnderTest) in ``context``, bounded by ``timeout`` seconds
-    and ``memory_limit`` bytes of resident memory (the runner's default if None);
+    and ``memory_limit`` bytes of memory (PSS; the runner's default if None);
     ``exit_grace``, ``warm``: see :func:`~pytest_workerstart.harness.runner.run_scenario`."""
     return run_scenario(target_of(scenario), {"loader": loader.payload(), "context": context, **kwargs},
                         timeout=timeout, env=child_env(), memory_limit=memory_limit, exit_grace=exit_grace, warm=warm)
