@@ -25,6 +25,8 @@ SCRIPTS = {
     "monai_thread_dataloader_swallows_errors.py": ("monai", "1.6.1", ["fork"], ["fork", "monai.data:DataLoader"]),
     "monai_batch_size_none_collate.py": ("monai", "1.6.1", ["fork"], ["fork", "torch.utils.data:DataLoader"]),
     "mosaic_streaming_unbatched.py": ("streaming", "0.13.0", [], ["torch.utils.data:DataLoader"]),
+    "torchdata_shuffle_depends_on_workers.py": ("torchdata", "0.11.0", ["fork"],
+                                                ["fork", "torch.utils.data:DataLoader"]),
 }
 
 
