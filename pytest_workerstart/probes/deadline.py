@@ -108,7 +108,7 @@ def tree_memory_over(limit_bytes: int, root: int | None = None) -> Callable[[], 
         if sum(size for size, _ in rss) <= limit_bytes:
             return None
         measure, per = "resident memory", rss
-        if hasattr(psutil.Process, "memory_full_info") and psutil.LINUX:
+        if psutil.LINUX:  # PSS comes from /proc/PID/smaps_rollup
             measure, per = "memory (PSS)", sizes(tree, lambda p: p.memory_full_info().pss)
         total = sum(size for size, _ in per)
         if total <= limit_bytes:
