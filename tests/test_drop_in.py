@@ -72,7 +72,14 @@ def _detached(info: pytest.ExceptionInfo) -> BaseException:
     for e in (exc, exc.__cause__, exc.__context__):
         if e is not None:
             e.__traceback__ = None
-    gc.collect()  # the iterator shuts down its workers and unregisters their pids here
+    # The iterator shuts down its workers and unregisters their pids in this collection. A
+    # child that exits before that would make torch's SIGCHLD handler raise the dead worker's
+    # error once more, inside gc: SIGCHLD waits until the pids are gone.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    try:
+        gc.collect()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return exc
 
 
