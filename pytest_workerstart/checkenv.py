@@ -52,7 +52,17 @@ class HeldException:
         return self._box[0]
 
     def release(self) -> None:
-        self._box.clear()
+        """Drop the error as a reference cycle is dropped: what only the error holds (often the
+        loader's iterator, through the traceback's frames) is freed by the cyclic collector, which
+        runs the weakref finalizers of that garbage (multiprocessing queues' among them) before
+        any ``__del__``, never by reference counting. Whether a traceback forms such a cycle
+        depends on the frames it kept, and a loader's shutdown may differ between the two ways
+        (torch's waits its join timeout for each worker under the collector): the harder one,
+        every time."""
+        box = self._box
+        box.append(box)
+        self._box = []
+        del box
         gc.collect()
 
 

@@ -62,21 +62,26 @@ def test_type_subscription(loader):
 FD_FETCH_RACE = (ConnectionError, EOFError)
 
 
-def _detached(info: pytest.ExceptionInfo) -> BaseException:
-    """The caught error, without the tracebacks whose frames hold the failed iterator.
+def _detached(exc: BaseException) -> BaseException:
+    """The caught error, without the tracebacks whose frames hold the failed iterator; the caller
+    holds nothing else of it (not pytest's ``ExceptionInfo``, whose own tuple keeps the traceback).
 
     Held, the iterator keeps its workers' pids registered with torch's SIGCHLD handler:
     the next child to exit, anywhere in this process, raises that worker's death again."""
-    exc = info.value
-    del info
-    for e in (exc, exc.__cause__, exc.__context__):
-        if e is not None:
-            e.__traceback__ = None
-    # The iterator shuts down its workers and unregisters their pids in this collection. A
-    # child that exits before that would make torch's SIGCHLD handler raise the dead worker's
-    # error once more, inside gc: SIGCHLD waits until the pids are gone.
+    # The iterator shuts down its workers and unregisters their pids as the tracebacks go (or in
+    # the collection); torch removes the pids last, so a worker exiting during that shutdown
+    # would make its SIGCHLD handler raise the dead worker's error once more: SIGCHLD waits
+    # until the pids are gone.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     try:
+        todo, seen = [exc], set()
+        while todo:
+            e = todo.pop()
+            if e is not None and id(e) not in seen:
+                seen.add(id(e))
+                e.__traceback__ = None
+                todo += [e.__cause__, e.__context__]
+        del e
         gc.collect()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -90,7 +95,9 @@ def _error(loader: str, context: str, signum: int) -> BaseException:
         for _ in dl:
             pass
     del dl
-    return _detached(info)
+    exc = info.value
+    del info
+    return _detached(exc)
 
 
 #: torch's words for a dead worker: its liveness check's (TORCH_EXITED), and its SIGCHLD handler's,
@@ -162,7 +169,9 @@ def _raised(loader: str, dataset, **kw) -> dict:
         with pytest.raises(BaseException) as info:
             for _ in _make(loader, dataset, num_workers=2, batch_size=1, **kw):
                 pass
-        exc = _detached(info)
+        exc = info.value
+        del info
+        exc = _detached(exc)
         if not isinstance(exc, FD_FETCH_RACE):
             break
     return _observed(exc)
