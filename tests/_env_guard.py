@@ -125,7 +125,9 @@ ITEMS = (
 
 def _describe(item: Item, before: Any, after: Any) -> str:
     if isinstance(before, dict) and isinstance(after, dict):
-        keys = sorted({k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}, key=str)
+        # replaced or removed first: for sys.modules only those count, and additions are many
+        keys = sorted({k for k in before.keys() | after.keys() if before.get(k) != after.get(k)},
+                      key=lambda k: (k not in before, str(k)))
         shown = ", ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in keys[:4])
         return f"{item.name} ({shown}{', ...' if len(keys) > 4 else ''})"
     return f"{item.name} ({before!r} -> {after!r})"

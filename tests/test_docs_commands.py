@@ -113,9 +113,39 @@ def _third_party_missing(args):
             recipe = RECIPES / f"{top}.py"
             if recipe.exists():
                 top = re.search(r'__workerstart_package__ = "(\w+)"', recipe.read_text()).group(1)
-            if top not in ("mypackage", "myproject") and importlib.util.find_spec(top) is None:
+            if top not in PLACEHOLDERS and importlib.util.find_spec(top) is None:
                 return top
     return None
+
+
+def _loader_package(spec: str) -> str:
+    """The importable module a docs ``--workerstart-loader`` SPEC comes from (a recipe: its package)."""
+    module = spec.split(":")[0]
+    recipe = RECIPES / f"{module.split('.')[0]}.py"
+    if recipe.exists():
+        return re.search(r'__workerstart_package__ = "(\w+)"', recipe.read_text()).group(1)
+    return module
+
+
+#: the docs' placeholder packages (given :data:`STUBS`), not third-party
+PLACEHOLDERS = {Path(rel).parts[0] for rel in STUBS}
+#: every third-party module a docs loader comes from, in one fixed order
+THIRD_PARTY = sorted({m for m in (_loader_package(a.split("=", 1)[1]) for _, c in COMMANDS for a in shlex.split(c)
+                                  if a.startswith("--workerstart-loader=") and ":" in a)
+                      if m.split(".")[0] not in PLACEHOLDERS})
+
+
+def _import_third_party() -> None:
+    """Import every installed :data:`THIRD_PARTY` module, in its order, the first time a command
+    needs one: importing monai after mosaic's streaming replaces the ``transformers`` module in
+    ``sys.modules``, which the process-state guard fails, so the test that replaced it depended
+    on which commands ran before it in the worker."""
+    import importlib
+    import importlib.util
+
+    for name in THIRD_PARTY:
+        if importlib.util.find_spec(name.split(".")[0]) is not None:
+            importlib.import_module(name)
 
 
 def _pytest(args, here, monkeypatch, capsys):
@@ -125,6 +155,9 @@ def _pytest(args, here, monkeypatch, capsys):
     missing = _third_party_missing(args)
     if missing:
         pytest.skip(f"{missing} is not installed (the third-party extra)")
+    if any(a.startswith("--workerstart-loader=") and _loader_package(a.split("=", 1)[1]) in THIRD_PARTY
+           for a in args):
+        _import_third_party()
     for rel, text in STUBS.items():
         (here / rel).parent.mkdir(parents=True, exist_ok=True)
         (here / rel).write_text(text)
