@@ -109,10 +109,7 @@ def _third_party_missing(args):
 
     for a in args:
         if a.startswith("--workerstart-loader=") and ":" in a:
-            top = a.split("=", 1)[1].split(":")[0].split(".")[0]
-            recipe = RECIPES / f"{top}.py"
-            if recipe.exists():
-                top = re.search(r'__workerstart_package__ = "(\w+)"', recipe.read_text()).group(1)
+            top = _loader_package(a.split("=", 1)[1]).split(".")[0]
             if top not in PLACEHOLDERS and importlib.util.find_spec(top) is None:
                 return top
     return None
