@@ -107,28 +107,29 @@ def _third_party_missing(args):
     docs/recipes adapter), when it is not installed: that command is then skipped."""
     import importlib.util
 
-    for a in args:
-        if a.startswith("--workerstart-loader=") and ":" in a:
-            top = _loader_package(a.split("=", 1)[1]).split(".")[0]
-            if top not in PLACEHOLDERS and importlib.util.find_spec(top) is None:
-                return top
+    for package in _loader_packages(args):
+        top = package.split(".")[0]
+        if top not in PLACEHOLDERS and importlib.util.find_spec(top) is None:
+            return top
     return None
 
 
-def _loader_package(spec: str) -> str:
-    """The importable module a docs ``--workerstart-loader`` SPEC comes from (a recipe: its package)."""
-    module = spec.split(":")[0]
-    recipe = RECIPES / f"{module.split('.')[0]}.py"
-    if recipe.exists():
-        return re.search(r'__workerstart_package__ = "(\w+)"', recipe.read_text()).group(1)
-    return module
+def _loader_packages(args):
+    """The importable module each ``--workerstart-loader=MODULE:NAME`` of ``args`` comes from
+    (a docs/recipes adapter: the package it wraps)."""
+    for a in args:
+        if a.startswith("--workerstart-loader=") and ":" in a:
+            module = a.split("=", 1)[1].split(":")[0]
+            recipe = RECIPES / f"{module.split('.')[0]}.py"
+            if recipe.exists():
+                module = re.search(r'__workerstart_package__ = "(\w+)"', recipe.read_text()).group(1)
+            yield module
 
 
 #: the docs' placeholder packages (given :data:`STUBS`), not third-party
 PLACEHOLDERS = {Path(rel).parts[0] for rel in STUBS}
 #: every third-party module a docs loader comes from, in one fixed order
-THIRD_PARTY = sorted({m for m in (_loader_package(a.split("=", 1)[1]) for _, c in COMMANDS for a in shlex.split(c)
-                                  if a.startswith("--workerstart-loader=") and ":" in a)
+THIRD_PARTY = sorted({m for _, c in COMMANDS for m in _loader_packages(shlex.split(c))
                       if m.split(".")[0] not in PLACEHOLDERS})
 
 
@@ -152,8 +153,7 @@ def _pytest(args, here, monkeypatch, capsys):
     missing = _third_party_missing(args)
     if missing:
         pytest.skip(f"{missing} is not installed (the third-party extra)")
-    if any(a.startswith("--workerstart-loader=") and _loader_package(a.split("=", 1)[1]) in THIRD_PARTY
-           for a in args):
+    if any(m in THIRD_PARTY for m in _loader_packages(args)):
         _import_third_party()
     for rel, text in STUBS.items():
         (here / rel).parent.mkdir(parents=True, exist_ok=True)
