@@ -162,3 +162,23 @@ def says_at_exit(text):
 
     atexit.register(lambda: print(text, file=sys.stderr))
     print("on stdout", flush=True)
+
+
+def forkserver_tree_then_hang(path):
+    """A stdlib forkserver with one child, then hang; ``path`` gets each process of the tree
+    as ``[pid, start]`` once it is up. Every child of a forkserver holds the server's alive
+    pipe, so the tree outlives its driver: only a kill ends it."""
+    import json
+    import multiprocessing
+
+    import psutil
+
+    from pytest_workerstart.probes.proc_start import started
+
+    child = multiprocessing.get_context("forkserver").Process(target=sleeper, args=(3600,), daemon=True)
+    child.start()
+    tree = [[p.pid, started(p.pid)] for p in psutil.Process().children(recursive=True)]
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(tree, f)
+    os.replace(f"{path}.tmp", path)
+    hang_forever()

@@ -44,7 +44,7 @@ def _watch_tree(proc: subprocess.Popen, until, timeout: float = 180) -> dict:
     while time.monotonic() < deadline and proc.poll() is None:
         try:
             for p in me.children(recursive=True):
-                seen[(p.pid, p.create_time())] = p
+                seen[p] = p  # a psutil.Process hashes by pid and start since boot
         except psutil.Error:
             break
         live = [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
@@ -72,7 +72,7 @@ def test_killed_pytest_leaves_nothing(tmp_path, sig, group):
                            and sum("multiprocessing" in _cmd(p) for p in live) >= 4)
         time.sleep(1.0)
         for p in psutil.Process(proc.pid).children(recursive=True):
-            seen[(p.pid, p.create_time())] = p
+            seen[p] = p  # a psutil.Process hashes by pid and start since boot
         # a fresh scenario interpreter names DIR/request.json; one forked by the zygote writes DIR/stderr.txt
         workdirs = set().union(*(reaper.scenario_workdir(p) for p in seen.values()))
         if group:

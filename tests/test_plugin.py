@@ -245,7 +245,7 @@ def test_sigint_leaves_no_process(tmp_path):
     while time.monotonic() < deadline:
         try:
             for p in me.children(recursive=True):
-                seen[(p.pid, p.create_time())] = p
+                seen[p] = p  # a psutil.Process hashes by pid and start since boot
         except psutil.Error:
             break
         if any("scenario" in " ".join(_cmdline(p)) for p in seen.values() if p.is_running()):

@@ -1,12 +1,15 @@
 """Scenario interpreters forked from the zygote (pytest_workerstart/harness/zygote.py)
 look, end and fail like the runner's fresh interpreters."""
 
+import json
 import os
+import signal
 
 import psutil
 import pytest
 
-from pytest_workerstart.harness import runner, zygote
+from pytest_workerstart.harness import reaper, runner, zygote
+from pytest_workerstart.probes.proc_start import started
 from pytest_workerstart.scenarios import child_env
 
 
@@ -51,7 +54,7 @@ def _descendants():
     for p in psutil.Process().children(recursive=True):
         try:
             if p.status() != psutil.STATUS_ZOMBIE:
-                out.add((p.pid, p.create_time()))
+                out.add(p)  # hashes by pid and start since boot
         except psutil.Error:
             continue
     return out
@@ -63,6 +66,41 @@ def test_a_warm_hang_is_killed_with_its_stacks_and_leaves_nothing():
     res = _run("hang_forever", timeout=3)
     assert res.status == "hang" and "hang_forever" in (res.stacks or ""), res.details()
     assert _descendants() <= before, "the hung scenario outlived its kill"
+
+
+def test_a_wall_clock_step_during_a_scenario_spares_nothing_of_its_tree(monkeypatch, tmp_path):
+    """psutil's create times follow the wall clock (Linux recomputes boot time from it on each
+    read): a step of the clock between a scenario's start and its kill (a VM's clock set on
+    resume) must not make the reaper take the scenario's own tree for another's and spare it."""
+    from psutil import _pslinux  # the one place psutil adds the boot time: the step, simulated
+
+    real, step = _pslinux.boot_time, {"s": 0.0}
+    monkeypatch.setattr(_pslinux, "boot_time", lambda: real() + step["s"])
+    register = reaper.register_session
+
+    def register_then_step(sid):
+        try:
+            return register(sid)
+        finally:
+            step["s"] = 1.0
+
+    monkeypatch.setattr(reaper, "register_session", register_then_step)
+    path = tmp_path / "tree.json"
+    res = _run("forkserver_tree_then_hang", {"path": str(path)}, timeout=10)
+    assert res.status == "hang" and path.exists(), res.details()
+    tree = json.loads(path.read_text())
+    spared = [pid for pid, start in tree if _running(pid, start)]
+    for pid in spared:  # the tree never ends by itself
+        os.kill(pid, signal.SIGKILL)
+    assert len(tree) >= 2, tree  # the forkserver and its child (and the resource tracker)
+    assert spared == [], res.details()
+
+
+def _running(pid, start):
+    try:  # a zombie is dead: its orphan's parent (init) reaps it when it gets to it
+        return started(pid) == start and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def test_a_refusing_zygote_gives_a_fresh_interpreter(monkeypatch):

@@ -1,7 +1,7 @@
 """Removing what a loader's tree left behind, and nothing else.
 
 The probes say what is left (:mod:`pytest_workerstart.probes.leaks`); these act on
-it. A process is killed only when its pid and create time match what was
+it. A process is killed only when its pid and start match what was
 recorded of the tree under test; a ``/dev/shm`` entry is unlinked only when it was
 attributed to that tree and still has the inode it had then.
 """
@@ -16,6 +16,7 @@ import psutil
 
 from pytest_workerstart.harness.reaper import kill_and_wait, wait_exited
 from pytest_workerstart.probes.leaks import ProcInfo
+from pytest_workerstart.probes.proc_start import started
 from pytest_workerstart.probes.shm import ShmWatch, shm_entries
 
 if TYPE_CHECKING:
@@ -28,9 +29,9 @@ def kill_tree(procs: Iterable[ProcInfo], timeout: float = 3.0) -> list[ProcInfo]
     alive = []
     for info in procs:
         try:
+            if started(info.pid) != info.started:
+                continue  # gone, or pid reused: not ours
             p = psutil.Process(info.pid)
-            if abs(p.create_time() - info.create_time) > 0.01:
-                continue  # pid reused: not ours
             p.kill()
             alive.append(p)
         except psutil.Error:

@@ -29,6 +29,7 @@ from pytest_workerstart.harness import reaper
 from pytest_workerstart.harness.cleanup import kill_tree
 from pytest_workerstart.harness.reaper import kill_session, session_members
 from pytest_workerstart.harness.runner import check_abort, launch
+from pytest_workerstart.probes import proc_start
 from pytest_workerstart.probes.leaks import ProcInfo, alive
 from pytest_workerstart.probes.shm import attributed_shm
 
@@ -61,16 +62,18 @@ def _existing(names: set[str]) -> list[str]:
 
 def _alive(info: ProcInfo) -> bool:
     try:
-        p = psutil.Process(info.pid)
-        return abs(p.create_time() - info.create_time) < 0.01 and alive(p)
+        return proc_start.started(info.pid) == info.started and alive(psutil.Process(info.pid))
     except psutil.Error:
         return False
 
 
 def _info(p: psutil.Process) -> ProcInfo | None:
     try:
+        start = proc_start.started(p.pid)
+        if start is None:
+            return None
         with p.oneshot():
-            return ProcInfo(p.pid, p.create_time(), " ".join(p.cmdline()), p.status())
+            return ProcInfo(p.pid, start, " ".join(p.cmdline()), p.status())
     except psutil.Error:
         return None
 
@@ -124,8 +127,8 @@ def run_driver_death(target: str, kwargs: dict, *, exit_mode: str, bound: float 
         gone_after = None
         while True:
             late = [i for i in (_info(p) for p in session_members(proc.pid, leader_ctime)) if i is not None]
-            known = {(i.pid, i.create_time) for i in recorded}
-            recorded += [i for i in late if (i.pid, i.create_time) not in known]
+            known = {(i.pid, i.started) for i in recorded}
+            recorded += [i for i in late if (i.pid, i.started) not in known]
             survivors = [i for i in recorded if i.pid != proc.pid and _alive(i)]
             ours |= attributed_shm(i.pid for i in survivors)
             shm_left = _existing(ours)
@@ -135,10 +138,10 @@ def run_driver_death(target: str, kwargs: dict, *, exit_mode: str, bound: float 
             if time.monotonic() - killed_at > bound:
                 break
             time.sleep(0.2)
-        now = time.time()
+        now = proc_start.now()
         result = DriverDeathResult(
             ok=not survivors and not shm_left, setup_error=None, recorded=recorded,
-            survivors=[(i, now - i.create_time) for i in survivors], shm_left=shm_left, gone_after_s=gone_after,
+            survivors=[(i, now - i.started) for i in survivors], shm_left=shm_left, gone_after_s=gone_after,
             built=built)
         return result
     finally:

@@ -5,13 +5,13 @@ Three layers:
 * :func:`kill_session` / :func:`kill_and_wait`: the kill helpers every runner
   uses. A scenario runs in its own session; its members are found by session
   id, and a session id whose leader pid was reused by another process (the
-  leader's create time differs) is not ours.
+  leader started at another time) is not ours.
 * :func:`reap_session`: at session end (and at interpreter exit, which still
   runs after KeyboardInterrupt) every registered scenario session and every
   non-helper descendant of pytest is killed.
 * The guard (:func:`start_guard`): a small process in a session of its own
   that watches pytest (pidfd, else polling). While pytest lives it records
-  pytest's descendants (pid + create time) and the scenario sessions among
+  pytest's descendants (pid + start time) and the scenario sessions among
   them; when pytest dies, whether by SIGTERM, SIGKILL or a crash, it kills
   what it recorded and is still the same process, then exits. This covers
   what no code in a dead pytest can.
@@ -36,6 +36,8 @@ import time
 
 import psutil
 
+from pytest_workerstart.probes.proc_start import started
+
 TRACKER_MARKER = "multiprocessing.resource_tracker"
 GUARD_MARKER = "pytest_workerstart.harness.reaper"
 RUNNER_MARKER = "pytest_workerstart.harness.runner"
@@ -47,13 +49,6 @@ _guard: subprocess.Popen | None = None
 
 
 # --- kill helpers ----------------------------------------------------------------
-
-
-def _create_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
 
 
 def _exited(p: psutil.Process) -> bool:
@@ -70,20 +65,21 @@ def _exited(p: psutil.Process) -> bool:
 def session_members(sid: int, leader_ctime: float | None = None) -> list[psutil.Process]:
     """Live processes of session ``sid`` (Linux), never this process nor a zombie.
 
-    With ``leader_ctime``: if pid ``sid`` now belongs to a newer process, the
-    session id was reused; only members older than that process are ours.
+    With ``leader_ctime`` (the leader's :func:`~pytest_workerstart.probes.proc_start.started`):
+    if pid ``sid`` now belongs to a newer process, the session id was reused; only members
+    older than that process are ours.
     """
     newer_than = None
     if leader_ctime is not None:
-        now = _create_time(sid)
-        if now is not None and abs(now - leader_ctime) > 0.01:
+        now = started(sid)
+        if now is not None and now != leader_ctime:
             newer_than = now
     out = []
     for p in psutil.process_iter():
         try:
             if p.pid == os.getpid() or os.getsid(p.pid) != sid:
                 continue
-            if newer_than is not None and p.create_time() >= newer_than:
+            if newer_than is not None and (started(p.pid) or newer_than) >= newer_than:
                 continue
             if _exited(p):
                 continue
@@ -161,9 +157,10 @@ def kill_session(sid: int, timeout: float = 5.0, leader_ctime: float | None = No
 
 
 def register_session(sid: int) -> float | None:
-    """Remember scenario session ``sid`` until it is unregistered; returns its leader's create time."""
+    """Remember scenario session ``sid`` until it is unregistered; returns its leader's start
+    (:func:`~pytest_workerstart.probes.proc_start.started`)."""
     global _installed
-    ctime = _create_time(sid)
+    ctime = started(sid)
     with _lock:
         _sessions[sid] = ctime
         if not _installed:
@@ -265,7 +262,7 @@ def start_guard(verdict=None) -> subprocess.Popen:
     global _guard
     if _guard is None or _guard.poll() is not None:
         me = psutil.Process()
-        args = [str(me.pid), repr(me.create_time())] + ([str(verdict)] if verdict else [])
+        args = [str(me.pid), repr(started(me.pid))] + ([str(verdict)] if verdict else [])
         _guard = subprocess.Popen([sys.executable, "-m", GUARD_MARKER, *args],
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   start_new_session=True, close_fds=True)
@@ -325,7 +322,7 @@ def _guard_main(pid: int, ctime: float, verdict: str | None = None, interval: fl
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # pytest ended normally and stopped us
     try:
         watched = psutil.Process(pid)
-        if abs(watched.create_time() - ctime) > 0.01:
+        if started(pid) != ctime:
             return 0
     except psutil.Error:
         return 0
@@ -341,7 +338,9 @@ def _guard_main(pid: int, ctime: float, verdict: str | None = None, interval: fl
             for p in watched.children(recursive=True):
                 if p.pid == os.getpid():
                     continue
-                key = (p.pid, p.create_time())
+                key = (p.pid, started(p.pid))
+                if key[1] is None:
+                    continue
                 if key not in known:
                     known[key] = p
                     if os.getsid(p.pid) == p.pid:  # a scenario session's leader
@@ -357,7 +356,7 @@ def _guard_main(pid: int, ctime: float, verdict: str | None = None, interval: fl
                 break
         else:
             time.sleep(interval)
-    victims = [p for p in known.values() if p.is_running()]  # is_running checks the create time
+    victims = [p for p in known.values() if p.is_running()]  # is_running checks the start since boot
     for sid, leader in sessions.items():
         victims += [p for p in session_members(sid, leader) if p not in victims]
     kill_trackers_last(victims)

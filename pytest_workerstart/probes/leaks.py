@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 
 import psutil
 
+from pytest_workerstart.probes.proc_start import started
 from pytest_workerstart.probes.shm import attributed_shm
 
 HELPER_MARKERS = (
@@ -162,7 +163,8 @@ def _fd_kind(target: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class ProcInfo:
     pid: int
-    create_time: float
+    #: seconds since boot at its start (:func:`~pytest_workerstart.probes.proc_start.started`)
+    started: float
     cmdline: str
     status: str
 
@@ -191,11 +193,14 @@ class LeakSnapshot:
             try:
                 if _is_helper(child):
                     continue
+                start = started(child.pid)
+                if start is None:
+                    continue
                 with child.oneshot():
-                    info = ProcInfo(child.pid, child.create_time(), " ".join(child.cmdline()), child.status())
+                    info = ProcInfo(child.pid, start, " ".join(child.cmdline()), child.status())
             except (psutil.Error, OSError):
                 continue
-            procs[(info.pid, info.create_time)] = info
+            procs[(info.pid, info.started)] = info
         threads = {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
         fds: dict[int, str] = {}
         skip = helper_fds()
