@@ -160,10 +160,13 @@ def test_drain_stops_a_running_scenario_and_leaves_nothing():
 
 
 def _sleepers():
+    """Scenario interpreters below this process, not the zygote (``harness.runner --zygote``)
+    that an earlier test in this xdist worker may have left running."""
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if "pytest_workerstart.harness.runner" in " ".join(p.cmdline()):
+            cmd = p.cmdline()
+            if "pytest_workerstart.harness.runner" in cmd and "--zygote" not in cmd:
                 out.append(p)
         except psutil.Error:
             continue
