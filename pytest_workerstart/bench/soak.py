@@ -125,12 +125,10 @@ def sample(watch, registrations: _Registrations) -> dict[str, float]:
 def fd_kinds() -> dict[str, int]:
     """This process's open fds by kind (``pipe``, ``socket``, ``anon_inode``, or the file's
     directory), so a count that grows says what grows."""
+    from pytest_workerstart.probes.leaks import fd_targets
+
     kinds: dict[str, int] = {}
-    for fd in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:  # closed meanwhile (the listing's own fd among them)
-            continue
+    for target in fd_targets().values():
         kind = target.partition(":")[0] if ":" in target else os.path.dirname(target) or target
         kinds[kind] = kinds.get(kind, 0) + 1
     return kinds

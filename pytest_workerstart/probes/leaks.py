@@ -91,21 +91,25 @@ def alive(proc: psutil.Process) -> bool:
         return False
 
 
-def _pipe_and_socket_fds(pid: int | str) -> set[str]:
-    """The ``pipe:[inode]`` / ``socket:[inode]`` targets process ``pid`` holds open."""
-    out: set[str] = set()
+def fd_targets(pid: int | str = "self") -> dict[int, str]:
+    """fd -> what it points at (``pipe:[inode]``, a path, ...) for process ``pid``; empty where
+    ``/proc`` cannot say (not Linux, the process gone)."""
     try:
         names = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return out
+        return {}
+    out: dict[int, str] = {}
     for name in names:
         try:
-            target = os.readlink(f"/proc/{pid}/fd/{name}")
+            out[int(name)] = os.readlink(f"/proc/{pid}/fd/{name}")
         except OSError:
-            continue
-        if target.startswith(("pipe:", "socket:")):
-            out.add(target)
+            continue  # closed while listing (or the listing fd itself)
     return out
+
+
+def _pipe_and_socket_fds(pid: int | str) -> set[str]:
+    """The ``pipe:[inode]`` / ``socket:[inode]`` targets process ``pid`` holds open."""
+    return {t for t in fd_targets(pid).values() if t.startswith(("pipe:", "socket:"))}
 
 
 def helper_fds() -> set[int]:
@@ -202,18 +206,8 @@ class LeakSnapshot:
                 continue
             procs[(info.pid, info.started)] = info
         threads = {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
-        fds: dict[int, str] = {}
         skip = helper_fds()
-        try:
-            for name in os.listdir("/proc/self/fd"):
-                if int(name) in skip:
-                    continue
-                try:
-                    fds[int(name)] = os.readlink(f"/proc/self/fd/{name}")
-                except OSError:
-                    pass  # closed while listing (or the listing fd itself)
-        except FileNotFoundError:  # not Linux
-            pass
+        fds = {fd: target for fd, target in fd_targets().items() if fd not in skip}
         shm = attributed_shm(tree)
         dangling = set()
         try:
