@@ -21,6 +21,7 @@ import pytest
 from pytest_workerstart.harness import reaper
 from tests._interruptible import PYTEST
 from tests._mpprograms import SemaphoreChurner
+from tests.conftest import NO_HYPOTHESIS_PLUGIN
 
 FAST = ("--workerstart-context=forkserver", "--workerstart-profile=quick")
 #: Checks that count semaphores/shm or kill and unlink (the ones a neighbour could fool).
@@ -121,7 +122,8 @@ def test_two_runs_at_once_beside_a_churner(run_suite, tmp_path, pytester):
     second_dir.mkdir()
     out2 = second_dir / "verdict.json"
     with SemaphoreChurner(tmp_path / "churn.json") as churner:
-        other = subprocess.Popen([sys.executable, "-m", "pytest", "--workerstart", "-p", "no:cacheprovider", *FAST,
+        other = subprocess.Popen([sys.executable, "-m", "pytest", "--workerstart", "-p", "no:cacheprovider",
+                                  *NO_HYPOTHESIS_PLUGIN, *FAST,
                                   "-k", K, f"--workerstart-json={out2}"], cwd=second_dir,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         first = run_suite(*FAST, "-k", K)

@@ -17,6 +17,7 @@ import pytest
 from pytest_workerstart import registry
 from pytest_workerstart.fixtures.broken import catalog
 from tests import _batch
+from tests.conftest import NO_HYPOTHESIS_PLUGIN
 
 CATCHES, SPEED_CATCHES = catalog.load()
 #: broken loaders whose defect lives in one region of a check's space: tests/test_explore.py
@@ -33,7 +34,7 @@ ARGS = ("--workerstart-context=forkserver", "--workerstart-profile=quick")
 #: No preflight in the batches: each broken loader is known to build and deliver a batch, and its
 #: preflight (a scenario with a forkserver of its own) was a third of a batch's time. The checks are
 #: bounded by the step deadlines all the same; the passing control keeps the preflight.
-BATCH_ARGS = (*ARGS, "--workerstart-preflight=false")
+BATCH_ARGS = (*ARGS, "--workerstart-preflight=false", *NO_HYPOTHESIS_PLUGIN)
 #: Batches per set of extra options: enough to keep a few xdist workers busy, few enough
 #: that each pays its pytest start and torch import for many loaders.
 BATCHES = 4

@@ -214,7 +214,7 @@ def test_expected_failures_file(pytester, run_suite):
 
 def test_capability_declared_on_the_command_line(run_suite):
     v = run_suite(*FAST, "-k", "persistent.reuse", "--workerstart-loader=torch",
-                  "--workerstart-capability=persistent_workers=false")
+                  "--workerstart-capability=persistent_workers=false", "--workerstart-preflight=false")
     assert v.outcomes("persistent.reuse") == ["skipped"]
     assert "persistent_workers" in v.reasons("persistent.reuse")[0]
 
@@ -351,7 +351,7 @@ def test_baseline_separates_inherited_failures_from_new_ones(pytester, run_suite
     base.write_text(json.dumps({"loader": {"spec": "torch", "version": "2.14.1"}, "machine": {"torch": "2.14.1"},
                                 "settings": {"profile": "full"}, "checks": checks}))
     spec = "--workerstart-loader=pytest_workerstart.fixtures.broken.on_torch:IgnoresShuffle"
-    sel = ("-k", "order.registration or torch_parity and map_shuffled")
+    sel = ("-k", "order.registration or torch_parity and map_shuffled", "--workerstart-preflight=false")
     v = run_suite(*FAST, spec, *sel, f"--workerstart-baseline={base}")
     out = v.result.stdout.str()
     assert v.data["baseline"]["same"] == ["digest.torch_parity[forkserver-map_shuffled]"], v.data["baseline"]
@@ -467,7 +467,7 @@ def test_one_run_judged_by_two_ids(pytester, run_suite):
     """)
     select = ("-k", "start.respects_bound or start.builds_all_before_start", "--workerstart-profile=full",
               "--workerstart-context=forkserver", "--workerstart-circuit-breaker=0", "--workerstart-explore=0")
-    v = run_suite(*select, "--workerstart-loader=reference")
+    v = run_suite(*select, "--workerstart-loader=reference", "--workerstart-preflight=false")
     assert v.outcomes("start.respects_bound") == ["passed"] * 4  # p1, p2, p3 and the wide corner
     assert v.outcomes("start.builds_all_before_start") == ["passed"]
     cases = {c["nodeid"]: c for c in v.data["checks"]}

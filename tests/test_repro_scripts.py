@@ -59,7 +59,7 @@ def test_the_option_writes_one_for_each_failed_id_that_has_one(run_suite, tmp_pa
     # exception need not hold the iterator, so whether torch passes the leak rule depends on timing.
     spec = "pytest_workerstart.fixtures.broken.on_torch:ConstantWorkerSeeds"
     verdict = run_suite(f"--workerstart-loader={spec}", "--workerstart-context=forkserver",
-                        "--workerstart-profile=quick",
+                        "--workerstart-profile=quick", "--workerstart-preflight=false",
                         "-k", "child_exit or worker_seeds", f"--workerstart-repro={out}")
     made = verdict.data["reproducers"]
     assert made == {"directory": str(out), "none_for": ["order.worker_seeds"],

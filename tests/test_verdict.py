@@ -15,6 +15,8 @@ import pytest
 from tests.conftest import Verdict, validate_verdict
 
 FAST = ("--workerstart-context=forkserver", "-p", "no:cacheprovider")
+#: for the runs whose subject is the verdict file, not the loader (the preflight has its own tests)
+NO_PREFLIGHT = "--workerstart-preflight=false"
 
 
 def _usage_error(pytester, *args):
@@ -56,7 +58,7 @@ def test_bad_env_value_names_the_variable(pytester, monkeypatch):
 def test_precedence_cli_env_ini_default(run_suite, pytester, monkeypatch):
     pytester.makeini("[pytest]\nworkerstart_driver_death_timeout = 21\nworkerstart_min_speedup = 1.7\n")
     monkeypatch.setenv("WORKERSTART_DRIVER_DEATH_TIMEOUT", "22")
-    v = run_suite(*FAST, "-k", "start.default_serial", "--workerstart-driver-death-timeout=23")
+    v = run_suite(*FAST, "-k", "start.default_serial", "--workerstart-driver-death-timeout=23", NO_PREFLIGHT)
     s = v.data["settings"]
     assert s["driver_death_timeout"] == 23
     assert s["sources"]["driver_death_timeout"] == "--workerstart-driver-death-timeout"
@@ -68,7 +70,7 @@ def test_precedence_cli_env_ini_default(run_suite, pytester, monkeypatch):
 
 def test_spawn_only_checks_in_a_forkserver_run_write_a_verdict(run_suite):
     """Parametrized checks with no context left used to give pytest's NOTSET (no JSON at all)."""
-    v = run_suite(*FAST, "-k", "speed or start.default_serial")
+    v = run_suite(*FAST, "-k", "speed or start.default_serial", NO_PREFLIGHT)
     assert v.result.ret == 0, v.result.stdout.str()[-2000:]
     assert v.data["complete"] is True and v.data["outcome"] == "passed"
     speed = [c for c in v.data["checks"] if c["id"].startswith("speed.")]
@@ -90,7 +92,8 @@ def test_interrupted_run_claims_nothing_it_did_not_finish(run_suite, pytester):
             open(mark, "w").close()
             return DataLoader(dataset, **kwargs)
     """)
-    v = run_suite(*FAST, "-k", "start.default_serial or leaks.clean_exit", "--workerstart-loader=interrupting:make")
+    v = run_suite(*FAST, "-k", "start.default_serial or leaks.clean_exit", "--workerstart-loader=interrupting:make",
+                  NO_PREFLIGHT)
     data = v.data
     assert v.result.ret == 2 and data["exitstatus"] == 2
     assert data["complete"] is False and data["outcome"] == "incomplete"
@@ -215,7 +218,7 @@ def test_junit_xml_and_the_github_step_summary_carry_the_verdict(run_suite, pyte
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     junit = pytester.path / "junit.xml"
     v = run_suite("--workerstart-context=forkserver", "--workerstart-profile=quick", "-k", "start.respects_bound",
-                  f"--junitxml={junit}")
+                  f"--junitxml={junit}", NO_PREFLIGHT)
     assert "passed" in v.outcomes("start.respects_bound")
     passed = next(c for c in v.data["checks"] if c["outcome"] == "passed")
     case = next(tc for tc in ET.parse(junit).iter("testcase") if tc.get("name") in passed["nodeid"])
