@@ -79,7 +79,7 @@ def session_members(sid: int, leader_ctime: float | None = None) -> list[psutil.
         try:
             if p.pid == os.getpid() or os.getsid(p.pid) != sid:
                 continue
-            if newer_than is not None and (started(p.pid) or newer_than) >= newer_than:
+            if newer_than is not None and _not_older_than(p.pid, newer_than):
                 continue
             if _exited(p):
                 continue
@@ -87,6 +87,12 @@ def session_members(sid: int, leader_ctime: float | None = None) -> list[psutil.
         except (OSError, psutil.Error):
             continue
     return out
+
+
+def _not_older_than(pid: int, start: float) -> bool:
+    """Gone, or started no earlier than ``start``: not a member of the session that ended."""
+    began = started(pid)
+    return began is None or began >= start
 
 
 def wait_exited(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:

@@ -17,15 +17,17 @@ import time
 import psutil
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+#: without ``/proc`` (not Linux) both clocks fall back to the wall clock (:func:`_fallback`)
+_PROC = os.path.isdir("/proc/self")
 
 
 def started(pid: int) -> float | None:
     """Seconds since boot at which ``pid`` started (:func:`now`'s clock); None if it is gone."""
+    if not _PROC:
+        return _fallback(pid)
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
-    except FileNotFoundError:
-        return _fallback(pid) if not os.path.isdir("/proc/self") else None
     except OSError:
         return None
     # the command name (field 2) may hold spaces and parentheses: count from the last ")"
@@ -34,9 +36,7 @@ def started(pid: int) -> float | None:
 
 def now() -> float:
     """Seconds since boot, on the clock :func:`started` counts in."""
-    if os.path.isdir("/proc/self"):
-        return time.clock_gettime(time.CLOCK_BOOTTIME)
-    return time.time()
+    return time.clock_gettime(time.CLOCK_BOOTTIME) if _PROC else time.time()
 
 
 def _fallback(pid: int) -> float | None:
