@@ -103,8 +103,8 @@ class Verdict:
         return [c["reason"] for c in self.data["checks"] if c["id"] == check_id]
 
 
-#: hypothesis's pytest plugin imports all of hypothesis when a session ends, used or not (0.8 s of CPU
-#: per suite run here, a sixth of a small run's); the suite's explorer drives hypothesis itself, so the
+#: hypothesis's pytest plugin imports all of hypothesis when a session ends, used or not (0.75 s of CPU
+#: per suite run here, a seventh of a one-check run's); the suite's explorer drives hypothesis itself, so the
 #: self-tests' suite runs leave the plugin out, and tests/test_explore.py keeps it where exploring is tested.
 NO_HYPOTHESIS_PLUGIN = ("-p", "no:hypothesispytest")
 
