@@ -19,6 +19,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, default_collate
 
+from pytest_workerstart import parity
 from pytest_workerstart.fixtures.datasets import AugmentedDataset, NestedMapDataset, ShardedRange
 from pytest_workerstart.probes.digest import batch_digest, in_process_truth
 
@@ -113,3 +114,17 @@ def test_torch_parity(check_env, kind):
             f"num_workers={workers}{f', p={p}' if p else ''}: batches {wrong} differ from torch's DataLoader for the "
             f"same arguments and generator (got {[d[:12] for d in got]}, torch {[d[:12] for d in truth]}); "
             f"declare torch_parity=false if the loader deliberately differs")
+
+
+@check("digest.first_batch")
+def test_first_batch_at(check_env, ws_point):
+    """Every batch is the dataset's samples collated as torch's DataLoader collates them, at every
+    point of the data path: each sample structure default_collate handles, a collate_fn, __getitems__."""
+    parity.judge_case(check_env, ws_point)
+
+
+@check("digest.torch_parity")
+def test_torch_parity_at(check_env, ws_point):
+    """An argument torch's DataLoader refuses is refused alike (the same exception type, at the
+    same step), and one it takes is taken."""
+    parity.judge_case(check_env, ws_point)

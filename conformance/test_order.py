@@ -22,7 +22,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from pytest_workerstart import _torch_internals, scenarios
+from pytest_workerstart import _torch_internals, parity, scenarios
 from pytest_workerstart.bounded import batches_of
 from pytest_workerstart.conformance.order_judges import order_problems, rng_problems
 from pytest_workerstart.fixtures.datasets import WorkerTagDataset
@@ -160,3 +160,30 @@ def test_rng_streams(check_env):
     streams = _streams(check_env)
     _judge(check_env, rng_problems(streams, _truths(check_env, streams)),
            f"what workers' user code drew from torch, random and NumPy over {epochs.EPOCHS} epochs")
+
+
+@check("order.registration")
+def test_registration_at(check_env, ws_point):
+    """Batch k comes from the worker torch's DataLoader takes it from, at every point of the data path
+    (pytest_workerstart.parity), whichever worker's start finishes first."""
+    parity.judge_case(check_env, ws_point)
+
+
+@check("order.worker_seeds")
+def test_worker_seeds_at(check_env, ws_point):
+    """Each worker has torch's seed at every point of the data path."""
+    parity.judge_case(check_env, ws_point)
+
+
+@check("order.epoch_shuffle")
+def test_epoch_shuffle_at(check_env, ws_point):
+    """Every epoch's batches come in torch's order at every point of the data path: its samplers,
+    shuffle and generator, or torch's global generator."""
+    parity.judge_case(check_env, ws_point)
+
+
+@check("order.rng_streams")
+def test_rng_streams_at(check_env, ws_point):
+    """What user code draws from torch, random and NumPy in a worker is torch's at every point
+    of the data path, with and without a worker_init_fn."""
+    parity.judge_case(check_env, ws_point)

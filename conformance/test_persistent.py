@@ -4,6 +4,7 @@ nothing new (the instrumented context counts every Process built)."""
 
 import pytest
 
+from pytest_workerstart import parity
 from pytest_workerstart.fixtures.datasets import WorkerTagDataset
 
 check = pytest.mark.workerstart_check
@@ -22,3 +23,10 @@ def test_reuse(check_env):
     del loader
     assert pids[0] == pids[1] == pids[2], f"worker pids changed across epochs: {pids}"
     assert built == N, f"{built} worker processes were built over 3 epochs (want {N})"
+
+
+@check("persistent.reuse")
+def test_reuse_at(check_env, ws_point):
+    """With persistent_workers, no worker process beyond torch's serves a loader's epochs, at every
+    point of the data path."""
+    parity.judge_case(check_env, ws_point)

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from pytest_workerstart import parity
 from pytest_workerstart.fixtures.datasets import CountingDataset
 
 check = pytest.mark.workerstart_check
@@ -31,3 +32,10 @@ def test_bound(check_env, tmp_path):
             break
     del loader
     assert worst <= PF * N, f"{worst} batches were in flight beyond those consumed (bound {PF} x {N} = {PF * N})"
+
+
+@check("prefetch.bound")
+def test_bound_at(check_env, ws_point):
+    """Fetched but unconsumed samples stay within prefetch_factor x num_workers batches at every
+    point of the data path (counted from the side channel's records, never above the truth)."""
+    parity.judge_case(check_env, ws_point)

@@ -11,8 +11,7 @@ import collections
 
 import pytest
 
-from pytest_workerstart import distributed, explore, protocol, scenarios
-from pytest_workerstart.bounded import batches_of
+from pytest_workerstart import distributed, parity, protocol, scenarios
 from pytest_workerstart.fixtures.datasets import ShardedRange
 from pytest_workerstart.harness.lookahead import planned_scenario
 from pytest_workerstart.space import Point
@@ -46,25 +45,6 @@ def _served(batch) -> tuple[int, ...]:
     return (int(batch),) if isinstance(batch, int) else tuple(int(x) for x in batch)
 
 
-def judge_point(check_env, point: Point) -> None:
-    """Every epoch at ``point`` serves exactly torch's batches: no sample lost or repeated."""
-    loader = check_env.make(ShardedRange(point.length), num_workers=point.num_workers,
-                            parallelism=point.parallelism, **point.loader_kwargs())
-    want = expected_batches(point)
-    for epoch in range(1, point.epochs + 1):
-        got = sorted(_served(b) for b in batches_of(loader))
-        if got == want:
-            continue
-        counts = collections.Counter(x for batch in got for x in batch)
-        expected = collections.Counter(x for batch in want for x in batch)
-        missing = sorted((expected - counts).elements())
-        extra = sorted((counts - expected).elements())
-        pytest.fail(f"epoch {epoch}: {len(missing)} samples missing {missing[:8]}, {len(extra)} repeated or "
-                    f"extra {extra[:8]}" + ("" if missing or extra else
-                                          f"; the samples are right but batched as {got[:4]}, not {want[:4]}")
-                    + f" ({sum(counts.values())} served, {sum(expected.values())} expected)", pytrace=False)
-
-
 @check("sharding.exactly_once")
 def test_exactly_once(check_env):
     n = 30
@@ -81,9 +61,9 @@ def test_exactly_once(check_env):
 
 @check("sharding.exactly_once")
 def test_exactly_once_at(check_env, ws_point):
-    """The space's corners beyond the first case, and explored points: uneven shards, batch_size
-    None or not, drop_last, prefetch_factor, persistent workers over epochs, in_order."""
-    explore.judge_case(check_env, ws_point, lambda point: judge_point(check_env, point))
+    """The space's corners beyond the first case, and explored points over every argument of the
+    data path, map-style and iterable: torch's DataLoader serves every sample once, and so must the loader."""
+    parity.judge_case(check_env, ws_point)
 
 
 WORLD = 2

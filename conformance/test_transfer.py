@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+from pytest_workerstart import parity
 from pytest_workerstart.fixtures.datasets import NestedMapDataset
 from pytest_workerstart.probes import tensor_origin
 
@@ -43,3 +44,10 @@ def test_shared_memory(check_env):
     del batch, tensors, loader
     assert not found, "batch tensors did not arrive through the workers' shared memory: " + "; ".join(
         f"{k}: {v}" for k, v in found.items())
+
+
+@check("transfer.shared_memory")
+def test_shared_memory_at(check_env, ws_point):
+    """A tensor torch's DataLoader delivers in shared memory arrives in a segment a worker created,
+    at every point of the data path."""
+    parity.judge_case(check_env, ws_point)

@@ -237,7 +237,8 @@ class CheckEnv:
         are bounded steps (``num_workers=0``: no multiprocessing context is passed)."""
         if ctx is None and num_workers:
             ctx = self.context(num_workers)
-        kwargs.setdefault("batch_size", 2)
+        if "batch_sampler" not in kwargs:  # torch refuses a batch_size beside a batch_sampler
+            kwargs.setdefault("batch_size", 2)
         if num_workers:
             kwargs["multiprocessing_context"] = ctx
         built = self.step("building the loader", lambda: self.loader.make(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import random
 import tempfile
 import time
 import zlib
@@ -148,6 +149,61 @@ def explore(strategy, judge: Callable[[Point], None], *, seed: int, budget_s: fl
     return result
 
 
+def explore_uniform(draw: Callable[[random.Random], Point], simpler: Callable[[Point], list[Point]],
+                    judge: Callable[[Point], None], *, seed: int, budget_s: float, min_points: int = MIN_POINTS,
+                    max_points: int | None = None, shrink_points: int | None = None,
+                    shrink_s: float | None = None) -> Exploration:
+    """Draw points with ``draw`` from a generator seeded with ``seed`` until ``budget_s`` is spent
+    (at least ``min_points``, at most ``max_points``) or one fails; then shrink it greedily: the
+    first of ``simpler(point)`` that still fails replaces it, until none does or the shrink
+    budget is spent. The draws do not depend on the judge: one seed gives the same points to
+    every judge, so checks that share a stream judge the same observations. Never raises for a
+    failing point."""
+    rng = random.Random(seed)
+    result = Exploration(seed, budget_s, [])
+    seen: dict[Point, Judged] = {}
+    start, repeats = time.monotonic(), 0
+    while True:
+        drawn = len(result.judged)
+        if drawn >= min_points and (time.monotonic() - start > budget_s
+                                    or (max_points is not None and drawn >= max_points)):
+            result.stopped = f"budget spent ({drawn} points)"
+            break
+        point = draw(rng)
+        if point in seen:
+            repeats += 1
+            if repeats > 20 * (drawn + 10):
+                result.stopped = "the space was exhausted"
+                break
+            continue
+        judged = seen[point] = judge_once(judge, point, "drawn")
+        result.judged.append(judged)
+        if judged.failure is not None:
+            result.first_failure = result.smallest_failure = judged
+            break
+    if result.first_failure is None:
+        return result
+    shrink_start = time.monotonic()
+    limit_s = shrink_s if shrink_s is not None else max(SHRINK_FLOOR_S, SHRINK_FACTOR * budget_s)
+    steps, improved = 0, True
+    while improved:
+        improved = False
+        for cand in simpler(result.smallest_failure.point):
+            judged = seen.get(cand)
+            if judged is None:
+                if time.monotonic() - shrink_start > limit_s or (shrink_points is not None and steps >= shrink_points):
+                    result.stopped = f"shrink budget spent ({steps} shrink steps)"
+                    return result
+                judged = seen[cand] = judge_once(judge, cand, "shrink")
+                result.judged.append(judged)
+                steps += 1
+            if judged.failure is not None:
+                result.smallest_failure, improved = judged, True
+                break
+    result.stopped = "shrunk"
+    return result
+
+
 @contextlib.contextmanager
 def _no_storage_in_cwd():
     """hypothesis caches what it reads from source files in ``.hypothesis/`` of the working
@@ -200,7 +256,7 @@ def cases(check_id: str, settings) -> list[str]:
 
     sp = space.SPACES[check_id]
     ids = [c.id for c in sp.corners if c.collected]
-    if sp.strategy is not None and (settings.explores or settings.replay):
+    if sp.explorable and (settings.explores or settings.replay):
         ids.append(EXPLORE_CASE)
     return ids
 
@@ -212,15 +268,28 @@ def limits_for(env):
     return space.Limits(usable_cores=usable_cores(), parallel=env.parallel_start_here,
                         persistent=env.loader.has("persistent_workers"),
                         in_order_kwarg=protocol.accepts_kwarg(env.loader.factory, "in_order"),
-                        max_workers=3 if env.context_name == "spawn" else 6)
+                        max_workers=3 if env.context_name == "spawn" else 6,
+                        iterable=env.loader.has("iterable_dataset"), timeout=env.loader.has("timeout"),
+                        worker_init=env.loader.has("worker_init_fn"))
 
 
 def _here(env, point: Point) -> Point:
-    """``point`` as judged in this context: no parallelism keyword where the loader declares no
-    parallel start (as every check passes it)."""
-    if point.parallelism is not None and not env.parallel_start_here:
-        return dataclasses.replace(point, parallelism=None)
-    return point
+    """``point`` as judged in this context for this loader: no parallelism keyword (nor start
+    schedule) where the loader declares no parallel start (as every check passes it), and no
+    argument whose capability the loader does not declare."""
+    limits = limits_for(env)
+    changes: dict = {}
+    if point.parallelism is not None and not limits.parallel:
+        changes.update(parallelism=None, schedule=None)
+    if point.in_order is not None and not limits.in_order_kwarg:
+        changes["in_order"] = None
+    if point.persistent_workers and not limits.persistent:
+        changes["persistent_workers"] = False
+    if point.timeout and not limits.timeout:
+        changes["timeout"] = 0
+    if point.worker_init is not None and not limits.worker_init:
+        changes["worker_init"] = None
+    return dataclasses.replace(point, **changes) if changes else point
 
 
 def _judge_naming(judge: Callable[[Point], None], point: Point, where: str) -> None:
@@ -236,9 +305,15 @@ def _judge_naming(judge: Callable[[Point], None], point: Point, where: str) -> N
         raise
 
 
-def judge_case(env, case: str, judge: Callable[[Point], None]) -> None:
+def judge_case(env, case: str, judge: Callable[[Point], None],
+               survey: Callable[[Point], None] | None = None) -> None:
     """Judge ``case`` of the running check: a corner, the replayed point, or an exploration;
-    the points judged go into the verdict (``points``), a failure names its point first."""
+    the points judged go into the verdict (``points``), a failure names its point first.
+
+    A check of a shared stream gives ``survey``, which observes a point for every check of the
+    stream and never fails: the first of them to explore in a context surveys the stream's draws
+    within the budget, and each then judges those same draws (observed once) and shrinks its own
+    failure."""
     from pytest_workerstart import space
     from pytest_workerstart.cores import usable_cores
     from pytest_workerstart.verdict import record_measurements
@@ -254,6 +329,8 @@ def judge_case(env, case: str, judge: Callable[[Point], None]) -> None:
         if env.settings.profile == "quick" and corner.quick_contexts and env.context_name not in corner.quick_contexts:
             pytest.skip(f"quick profile: corner {case} is judged under {', '.join(corner.quick_contexts)}")
         point = _here(env, corner.resolve(usable_cores()))
+        if point.dataset == "iterable" and not env.loader.has("iterable_dataset"):
+            pytest.skip(f"corner {case} iterates an IterableDataset: the loader does not declare iterable_dataset")
         record_measurements(node, points=[{"point": point.text(sp.dims), "origin": "corner"}])
         _judge_naming(judge, point, f"at {point.text(sp.dims)} (corner {case})")
         return
@@ -264,17 +341,15 @@ def judge_case(env, case: str, judge: Callable[[Point], None]) -> None:
         if judged.failure:
             pytest.fail(f"at {point.text(sp.dims)} (replayed): {judged.failure}\n{judged.detail}", pytrace=False)
         return
-    seed = case_seed(run_seed(env.settings), node.nodeid)
-    strategy = sp.strategy(limits_for(env))
-    n = env.settings.explore_points
-    if n is not None:  # a count of points, not seconds: the same draws on any machine
-        ex = explore(strategy, judge, seed=seed, budget_s=float("inf"), min_points=n, max_points=n,
-                     shrink_points=SHRINK_POINTS_FACTOR * n)
+    limits = limits_for(env)
+    if sp.stream is not None and survey is not None:
+        seed, drawn = _surveyed(env, sp, limits, survey)
+        ex = _explore(env, sp, limits, judge, seed, float("inf"), points=drawn)
+        ex.budget_s = STREAM_BUDGET_FACTOR * env.settings.explore_budget  # the survey's, which chose the draws
     else:
-        spawn = env.context_name == "spawn"
-        ex = explore(strategy, judge, seed=seed, budget_s=env.settings.explore_budget,
-                     min_points=SPAWN_POINTS if spawn else MIN_POINTS, max_points=SPAWN_POINTS if spawn else None,
-                     shrink_points=SPAWN_SHRINK_POINTS if spawn else None)
+        seed = case_seed(run_seed(env.settings), node.nodeid)
+        ex = _explore(env, sp, limits, judge, seed, env.settings.explore_budget)
+    n = env.settings.explore_points
     failed = ex.smallest_failure
     record_measurements(node, points=[j.as_json(sp.dims) for j in ex.judged], exploration={
         "seed": seed, "run_seed": run_seed(env.settings), "budget_s": None if n is not None else ex.budget_s,
@@ -282,3 +357,46 @@ def judge_case(env, case: str, judge: Callable[[Point], None]) -> None:
         "failing_point": failed.point.text(sp.dims) if failed else None})
     if failed is not None:
         pytest.fail(f"{reason(ex, sp.dims)}\n{failed.detail}", pytrace=False)
+
+
+#: A shared stream's budget in multiples of --workerstart-explore (it serves several checks).
+STREAM_BUDGET_FACTOR = 3
+STREAMS = pytest.StashKey[dict]()
+
+
+def _shrink_points(env) -> int | None:
+    n = env.settings.explore_points
+    if n is not None:
+        return SHRINK_POINTS_FACTOR * n
+    return SPAWN_SHRINK_POINTS if env.context_name == "spawn" else None
+
+
+def _explore(env, sp, limits, judge, seed: int, budget_s: float, points: int | None = None) -> Exploration:
+    """Explore ``sp`` in this context within ``budget_s`` (or exactly ``points`` draws, or
+    --workerstart-explore-points'): the same draws on any machine where points are counted."""
+    n = points if points is not None else env.settings.explore_points
+    spawn = env.context_name == "spawn"
+    if n is not None:
+        bounds = dict(budget_s=float("inf"), min_points=n, max_points=n,
+                      shrink_points=SHRINK_POINTS_FACTOR * max(n, 1) if points is None else _shrink_points(env))
+    else:
+        bounds = dict(budget_s=budget_s, min_points=SPAWN_POINTS if spawn else MIN_POINTS,
+                      max_points=SPAWN_POINTS if spawn else None, shrink_points=_shrink_points(env))
+    if sp.draw is not None:
+        shrink_s = max(SHRINK_FLOOR_S, SHRINK_FACTOR * STREAM_BUDGET_FACTOR * env.settings.explore_budget)
+        return explore_uniform(lambda rng: sp.draw(limits, rng), lambda p: sp.simpler(p, limits), judge,
+                               seed=seed, shrink_s=shrink_s, **bounds)
+    return explore(sp.strategy(limits), judge, seed=seed, **bounds)
+
+
+def _surveyed(env, sp, limits, survey: Callable[[Point], None]) -> tuple[int, int]:
+    """(seed, points drawn) of ``sp``'s stream for this loader and context, surveyed on first use:
+    each check of the stream then draws the same points from the same seed and judges them
+    (observed once) until its own first failure, which it then shrinks."""
+    cache = env.request.config.stash.setdefault(STREAMS, {})
+    key = (env.loader.spec, env.context_name, sp.stream)
+    if key not in cache:
+        seed = case_seed(run_seed(env.settings), f"{sp.stream}:{env.loader.spec}:{env.context_name}")
+        ex = _explore(env, sp, limits, survey, seed, STREAM_BUDGET_FACTOR * env.settings.explore_budget)
+        cache[key] = (seed, ex.drawn)
+    return cache[key]

@@ -121,7 +121,7 @@ def points_lines(judged: dict[str, list[dict[str, Any]]], explores: bool) -> lis
         entry = by_clause.setdefault(check_id.split(".")[0], {"fixed": set(), "explored": set(), "contexts": set(),
                                                              "explorable": False})
         sp = space.get(check_id)
-        entry["explorable"] |= sp is not None and sp.strategy is not None
+        entry["explorable"] |= sp is not None and sp.explorable
         for p in points:
             fixed = p["origin"] in ("fixed", "corner")
             entry["fixed" if fixed else "explored"].add(p["point"])

@@ -17,119 +17,17 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-#: Point field -> (short key in a point's text, what it is)
-DIMENSIONS: dict[str, tuple[str, str]] = {
-    "num_workers": ("N", "num_workers"),
-    "parallelism": ("p", "the parallelism keyword's value (none: not passed)"),
-    "dataset": ("data", "map (indexable) or iterable (sharded by get_worker_info())"),
-    "length": ("len", "samples in the dataset; an iterable's shards are uneven when N does not divide it"),
-    "batch_size": ("batch", "batch_size (none: no automatic batching)"),
-    "drop_last": ("drop_last", "drop_last"),
-    "prefetch_factor": ("prefetch", "prefetch_factor"),
-    "persistent_workers": ("persistent", "persistent_workers"),
-    "in_order": ("in_order", "in_order (none: not passed)"),
-    "epochs": ("epochs", "epochs iterated over one loader"),
-}
-#: a point's short key -> its Point field
-BY_KEY = {key: name for name, (key, _) in DIMENSIONS.items()}
-#: The most workers a point starts: the suite judges a logical bound, not a machine's size.
-MAX_WORKERS = 16
-
-
-class PointError(ValueError):
-    """A point's text that does not parse (the replay option names it)."""
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class Point:
-    """One configuration of the loader's arguments."""
-
-    num_workers: int = 3
-    parallelism: int | None = None
-    dataset: str = "map"
-    length: int | None = 8  # None: a dataset without len()
-    batch_size: int | None = 2
-    drop_last: bool = False
-    prefetch_factor: int | None = None
-    persistent_workers: bool = False
-    in_order: bool | None = None
-    epochs: int = 1
-
-    def text(self, dims: tuple[str, ...] | None = None) -> str:
-        """``N=6,p=3,...``: the dimensions ``dims`` (default: all), parseable by :func:`parse`."""
-        parts = []
-        for name in dims or DIMENSIONS:
-            parts.append(f"{DIMENSIONS[name][0]}={_shown(name, getattr(self, name))}")
-        return ",".join(parts)
-
-    def loader_kwargs(self) -> dict[str, Any]:
-        """The DataLoader keywords of this point, beside num_workers and parallelism."""
-        out: dict[str, Any] = {"batch_size": self.batch_size}
-        if self.batch_size is not None:
-            out["drop_last"] = self.drop_last
-        if self.prefetch_factor is not None:
-            out["prefetch_factor"] = self.prefetch_factor
-        if self.persistent_workers:
-            out["persistent_workers"] = True
-        if self.in_order is not None:
-            out["in_order"] = self.in_order
-        return out
-
-    @property
-    def uneven(self) -> bool:
-        return self.dataset == "iterable" and self.length is not None and self.length % self.num_workers != 0
-
-
-#: Point field -> its annotation's text (what a value of it may be)
-_FIELD_TYPES = {f.name: str(f.type) for f in dataclasses.fields(Point)}
-
-
-def _shown(name: str, value: Any) -> str:
-    """A value as a point's text writes it; one of another type than the field's (a build that
-    passes ``p="2"`` or ``p=True`` to test validation) as its repr, so it never reads as valid."""
-    kind = _FIELD_TYPES[name]
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return str(int(value)) if "bool" in kind else repr(value)
-    if (isinstance(value, int) and "int" in kind) or (isinstance(value, str) and name == "dataset"):
-        return str(value)
-    return repr(value)
-
-
-def parse(text: str, *, judgeable: bool = True) -> Point:
-    """The point ``text`` (as :meth:`Point.text` writes it) describes; unnamed fields keep their defaults.
-    ``judgeable``: refuse what no check can be asked to judge (N outside 1..16, p < 1); a build's
-    recorded point may be anything the check passed (``N=0``, the test process's own iteration)."""
-    values: dict[str, Any] = {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        key, sep, raw = part.partition("=")
-        name = BY_KEY.get(key.strip())
-        if not sep or name is None:
-            raise PointError(f"{part!r}: expected KEY=VALUE with KEY one of {', '.join(BY_KEY)}")
-        raw = raw.strip().lower()
-        field_type = _FIELD_TYPES[name]
-        try:
-            if raw == "none" and "None" in str(field_type):
-                values[name] = None
-            elif name == "dataset":
-                if raw not in ("map", "iterable"):
-                    raise ValueError
-                values[name] = raw
-            elif "bool" in str(field_type):
-                values[name] = {"1": True, "0": False, "true": True, "false": False}[raw]
-            else:
-                values[name] = int(raw)
-        except (KeyError, ValueError):
-            raise PointError(f"{part!r}: {raw!r} is not a value of {key}") from None
-    point = Point(**values)
-    if not judgeable:
-        return point
-    if not 1 <= point.num_workers <= MAX_WORKERS:
-        raise PointError(f"N={point.num_workers}: expected 1..{MAX_WORKERS}")
-    if point.parallelism is not None and point.parallelism < 1:
-        raise PointError(f"p={point.parallelism}: expected >= 1 or none")
-    return point
+from pytest_workerstart.point import (  # noqa: F401 (re-exported: a space's points are these)
+    BY_KEY,
+    CHOICES,
+    DEFAULTS,
+    DIMENSIONS,
+    MAX_WORKERS,
+    SAMPLES,
+    Point,
+    PointError,
+    parse,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +58,9 @@ class Limits:
     persistent: bool  # the loader honours persistent_workers
     in_order_kwarg: bool  # the loader takes an in_order keyword
     max_workers: int = 6
+    iterable: bool = True  # the loader takes an IterableDataset
+    timeout: bool = True  # the loader honours timeout=
+    worker_init: bool = True  # the loader calls worker_init_fn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,11 +68,22 @@ class Space:
     check_id: str
     dims: tuple[str, ...]
     corners: tuple[Corner, ...]
-    #: Limits -> a hypothesis strategy of Points (None: fixed corners only)
+    #: Limits -> a hypothesis strategy of Points, which draws and shrinks (None: see ``draw``)
     strategy: Callable[[Limits], Any] | None = None
+    #: (Limits, random.Random) -> a Point drawn uniformly; with ``simpler`` (Point, Limits) -> the
+    #: points one step simpler, most simplifying first, which shrink a failure (None: see ``strategy``)
+    draw: Callable[[Limits, Any], Point] | None = None
+    simpler: Callable[[Point, Limits], list[Point]] | None = None
+    #: the explored stream the check shares with others (one seed, one budget, one observation
+    #: per point for all of them); None: its own
+    stream: str | None = None
 
     def corner(self, corner_id: str) -> Corner:
         return next(c for c in self.corners if c.id == corner_id)
+
+    @property
+    def explorable(self) -> bool:
+        return self.strategy is not None or self.draw is not None
 
 
 # --- the points each case judged ----------------------------------------------------------
@@ -250,28 +162,132 @@ def _bound_points(limits: Limits):
     return draw()
 
 
-# --- data served exactly once ------------------------------------------------------------
+# --- the data path: every argument torch's DataLoader takes -------------------------------
+
+#: What the data-path clauses vary: every Point field (docs/contract.md names the DataLoader
+#: keywords that are not dimensions, with why).
+DATA_DIMS: tuple[str, ...] = tuple(DIMENSIONS)
+#: The data-path clauses, judged at the same points by one differential judge (pytest_workerstart.parity).
+DATA_CLAUSES = ("digest.first_batch", "digest.torch_parity", "sharding.exactly_once", "order.registration",
+                "order.epoch_shuffle", "order.worker_seeds", "order.rng_streams", "persistent.reuse",
+                "prefetch.bound", "transfer.shared_memory")
+#: Each keyword of torch's DataLoader that is a dimension -> its Point field.
+KEYWORD_DIMS = {"dataset": "dataset", "batch_size": "batch_size", "shuffle": "shuffle", "sampler": "sampler",
+                "batch_sampler": "batch_sampler", "num_workers": "num_workers", "collate_fn": "collate",
+                "pin_memory": "pin_memory", "drop_last": "drop_last", "timeout": "timeout",
+                "worker_init_fn": "worker_init", "generator": "generator", "prefetch_factor": "prefetch_factor",
+                "persistent_workers": "persistent_workers", "in_order": "in_order"}
+#: DataLoader keywords that are no dimension of a point, and why.
+OUT_OF_SCOPE = {
+    "multiprocessing_context": "the run's context (--workerstart-context): every check runs in each selected one",
+    "pin_memory_device": "pinning needs an accelerator; the suite's machines have none (pin=1 is judged: torch "
+                         "then pins nothing, and neither may the loader change the batches)",
+}
 
 
-def _data_points(limits: Limits):
-    from hypothesis import strategies as st
+def _wide_data(usable_cores: int) -> Point:
+    """N >= 5, p above the usable cores and N >= 2p, shuffled, workers finishing their starts last first."""
+    p = max(3, usable_cores + 1)
+    n = max(5, min(2 * p, MAX_WORKERS))
+    return Point(n, p, "map", 2 * n + 1, 2, shuffle=True, generator=7, schedule=tuple(reversed(range(n))))
 
-    @st.composite
-    def draw(d):
-        n = d(st.integers(1, limits.max_workers))
-        p = d(st.integers(1, min(n + 1, limits.usable_cores + 2))) if limits.parallel else None
-        length = d(st.integers(1, 40))
-        batch = d(st.one_of(st.none(), st.integers(1, 5)))
-        drop_last = d(st.booleans()) if batch is not None else False
-        prefetch = d(st.one_of(st.none(), st.integers(1, 4)))
-        persistent = d(st.booleans()) if limits.persistent else False
-        in_order = d(st.sampled_from((None, True, False))) if limits.in_order_kwarg else None
-        epochs = d(st.integers(1, 3))
-        return Point(num_workers=n, parallelism=p, dataset="iterable", length=length, batch_size=batch,
-                     drop_last=drop_last, prefetch_factor=prefetch, persistent_workers=persistent,
-                     in_order=in_order, epochs=epochs)
 
-    return draw()
+def _draw_data(limits: Limits, rng) -> Point:
+    """A point over every dimension, each value equally likely (hypothesis's generation favours
+    the simplest values: at 30 draws it named a namedtuple sample 0, 0 and 7 times for seeds 1-3),
+    map-style (with and without ``__getitems__``) and iterable. Where starts overlap (p > 1) a
+    start schedule is always drawn, so a failure that depends on it replays."""
+    kind = rng.choice(("map", "getitems", "iterable") if limits.iterable else ("map", "getitems"))
+    n = rng.randint(1, limits.max_workers)
+    p = rng.randint(1, min(n + 1, limits.usable_cores + 2)) if limits.parallel else None
+    batch = rng.choice((None, 1, 2, 3, 4, 5))
+    mapped = kind != "iterable"
+    sampler = rng.choice((None, "seq", "random", "subset", "list")) if mapped else None
+    return _valid(Point(
+        num_workers=n, parallelism=p, dataset=kind, length=rng.randint(1, 40), batch_size=batch,
+        drop_last=rng.random() < 0.5, prefetch_factor=rng.choice((None, 1, 2, 3, 4)),
+        persistent_workers=limits.persistent and rng.random() < 0.5,
+        in_order=rng.choice((None, True, False)) if limits.in_order_kwarg else None,
+        epochs=rng.randint(1, 3), shuffle=rng.choice((None, False, True)) if sampler is None else None,
+        sampler=sampler, batch_sampler=rng.random() < 0.5, collate=rng.choice(CHOICES["collate"]),
+        pin_memory=rng.random() < 0.5, timeout=rng.choice((0, 30)) if limits.timeout else 0,
+        worker_init=rng.choice((None, "reseed")) if limits.worker_init else None,
+        generator=rng.choice((None, rng.randint(0, 2**16))), sample=rng.choice(SAMPLES),
+        schedule=tuple(rng.sample(range(n), n))), limits)
+
+
+def _valid(point: Point, limits: Limits) -> Point:
+    """``point`` made one torch takes: what an iterable or unbatched point cannot have dropped,
+    p at most min(N + 1, cores + 2), a schedule of all N workers exactly where starts overlap."""
+    changes: dict[str, Any] = {}
+    if point.dataset == "iterable":
+        changes.update(sampler=None, shuffle=None, batch_sampler=False)
+    if point.batch_size is None:
+        changes.update(drop_last=False, batch_sampler=False, collate="default")
+    n, p = point.num_workers, point.parallelism
+    if p is not None:
+        p = changes["parallelism"] = min(p, n + 1, limits.usable_cores + 2)
+    if p is None or p <= 1 or n <= 1:
+        changes["schedule"] = None
+    else:
+        order = point.schedule or tuple(range(n))
+        changes["schedule"] = tuple(w for w in order if w < n) + tuple(w for w in range(n) if w not in order)
+    return dataclasses.replace(point, **changes)
+
+
+def _smaller(x: int | None) -> list[int]:
+    """1, half and one less than ``x`` (those below it)."""
+    return [v for v in dict.fromkeys((1, x // 2, x - 1)) if 1 <= v < x] if x else []
+
+
+#: Each dimension's simpler values, most simplifying first (a shrink tries them in this order).
+_SIMPLER: dict[str, Callable[[Any], list[Any]]] = {
+    "num_workers": _smaller, "parallelism": _smaller, "length": _smaller, "batch_size": _smaller,
+    "epochs": _smaller, "dataset": lambda d: ["map"], "schedule": lambda s: [tuple(sorted(s))] if s else [],
+}
+
+
+def _simpler_data(point: Point, limits: Limits) -> list[Point]:
+    """The valid points one dimension simpler than ``point``: a keyword back to torch's default, a
+    count smaller, the map-style dataset, the schedule in id order."""
+    out: list[Point] = []
+    for name in DATA_DIMS:
+        value = getattr(point, name)
+        candidates = _SIMPLER[name](value) if name in _SIMPLER else [DEFAULTS[name]]
+        for v in candidates:
+            cand = _valid(dataclasses.replace(point, **{name: v}), limits)
+            if v != value and cand != point and cand not in out:
+                out.append(cand)
+    return out
+
+
+#: The corners every data-path clause judges: the defaults (what ``DataLoader(ds, batch_size=B,
+#: num_workers=N)`` does) map-style and iterable, the wide corner, and every keyword's
+#: non-default values (in the full profile).
+DATA_CORNERS = (
+    Corner("default_map", Point(3, None, "map", 13, 2),
+           why="DataLoader(ds, batch_size=2, num_workers=3): every other argument torch's default"),
+    Corner("default_iterable", Point(3, None, "iterable", 13, 2), profiles=("full",),
+           why="the defaults over an iterable dataset with uneven shards"),
+    Corner("wide", derive=_wide_data, profiles=("full",),
+           why="N >= 5 workers, p > usable cores and N >= 2p, the last worker's start finishing first"),
+    Corner("keywords_map", Point(5, 2, "getitems", 23, 3, True, 1, True, True, 2, shuffle=True, collate="wrap",
+                                 pin_memory=True, timeout=30, worker_init="reseed", generator=11, sample="nested",
+                                 schedule=(4, 2, 0, 3, 1)), profiles=("full",),
+           why="`__getitems__`, shuffle, drop_last, prefetch 1, persistent, in_order, a collate_fn, pin_memory, "
+               "timeout, worker_init_fn, a generator, nested samples over two epochs"),
+    Corner("samplers_map", Point(4, 4, "map", 17, 2, in_order=False, epochs=2, sampler="subset",
+                                 batch_sampler=True, collate="list", sample="namedtuple",
+                                 schedule=(1, 3, 0, 2)), profiles=("full",),
+           why="a sampler inside a batch_sampler, in_order=False, a list collate_fn, torch's global generator"),
+    Corner("keywords_iterable", Point(5, 3, "iterable", 22, None, False, 3, True, None, 2, worker_init="reseed",
+                                      generator=5, sample="dict", schedule=(2, 0, 4, 1, 3)), profiles=("full",),
+           why="no automatic batching, prefetch 3, persistent workers over uneven shards"),
+)
+
+
+def _data_space(check_id: str, own: tuple[Corner, ...] = ()) -> Space:
+    return Space(check_id, DATA_DIMS, own + DATA_CORNERS, draw=_draw_data, simpler=_simpler_data, stream="data")
 
 
 SPACES: dict[str, Space] = {s.check_id: s for s in (
@@ -280,14 +296,13 @@ SPACES: dict[str, Space] = {s.check_id: s for s in (
         Corner("wide", derive=_wide, quick_contexts=("forkserver",),
                why="N >= 2p and p > usable cores: an unbounded start and a bound of p differ"),
     ), _bound_points),
-    Space("sharding.exactly_once",
-          ("num_workers", "parallelism", "dataset", "length", "batch_size", "drop_last", "prefetch_factor",
-           "persistent_workers", "in_order", "epochs"), (
+    _data_space("sharding.exactly_once", (
         Corner("even", Point(3, None, "iterable", 30, None), collected=False,
                why="even shards, unbatched: the clause's first case"),
         Corner("uneven", Point(3, 3, "iterable", 31, 2, persistent_workers=True, epochs=2),
                profiles=("full",), why="uneven shards, two epochs of persistent workers"),
-    ), _data_points),
+    )),
+    *(_data_space(c) for c in DATA_CLAUSES if c != "sharding.exactly_once"),
 )}
 
 

@@ -67,7 +67,7 @@ def test_the_explorer_stops_at_its_budget_and_judges_each_point_once():
     def judge(point):
         calls[point] += 1
 
-    strategy = space.SPACES["sharding.exactly_once"].strategy(LIMITS)
+    strategy = space.SPACES["start.respects_bound"].strategy(LIMITS)
     ex = explore.explore(strategy, judge, seed=2, budget_s=0.0, min_points=7)
     assert ex.smallest_failure is None and len(ex.judged) == 7 and ex.stopped.startswith("budget spent")
     assert set(calls.values()) == {1}
@@ -82,6 +82,57 @@ def test_a_judge_that_raises_anything_is_a_failing_point_not_an_error():
     ex = explore.explore(space.SPACES["start.respects_bound"].strategy(LIMITS), judge, seed=3, budget_s=1.0)
     assert ex.smallest_failure.point.num_workers == 1
     assert ex.smallest_failure.failure == "a step was stopped"
+
+
+DATA = space.SPACES["sharding.exactly_once"]
+
+
+def _uniform(judge, seed=1, points=30, limits=LIMITS):
+    return explore.explore_uniform(lambda rng: DATA.draw(limits, rng), lambda p: DATA.simpler(p, limits), judge,
+                                   seed=seed, budget_s=float("inf"), min_points=points, max_points=points)
+
+
+def test_the_data_path_draws_every_dimension_and_valid_points():
+    ex = _uniform(lambda point: None, points=200)
+    points = [j.point for j in ex.judged]
+    assert len(points) == 200 and all(space.parse(p.text()) == p for p in points)
+    for name in space.DATA_DIMS:
+        assert len({getattr(p, name) for p in points}) > 1, name
+    assert {p.sample for p in points} == set(space.SAMPLES)
+    assert all((p.schedule is not None) == (p.parallelism > 1 and p.num_workers > 1) for p in points)
+    assert not [p for p in points if p.dataset == "iterable" and (p.sampler or p.shuffle or p.batch_sampler)]
+
+
+def test_one_seed_draws_the_same_points_for_every_judge():
+    """What lets the checks of a stream share one observation per point: the draws do not
+    depend on what the judge said, up to the first failure."""
+    quiet = [j.point for j in _uniform(lambda point: None, seed=5).judged]
+    fails = _uniform(lambda point: pytest.fail("x") if point == quiet[17] else None, seed=5)
+    assert [j.point for j in fails.judged if j.origin == "drawn"] == quiet[:18]
+
+
+def test_a_data_path_failure_is_shrunk_into_its_region_and_each_point_judged_once():
+    calls = collections.Counter()
+
+    def judge(point):
+        calls[point] += 1
+        assert not (point.sample in ("namedtuple", "nested") and point.num_workers >= 2), "a namedtuple lost"
+
+    ex = _uniform(judge, seed=1)
+    small = ex.smallest_failure.point
+    assert ex.stopped == "shrunk" and small.sample in ("namedtuple", "nested") and small.num_workers == 2
+    assert small == space.parse("N=2,p=1,len=1,batch=1,sample=" + small.sample)
+    assert set(calls.values()) == {1}
+
+
+def test_the_data_corners_are_valid_points_at_the_defaults_and_beyond():
+    corners = {c.id: c.resolve(2) for c in space.DATA_CORNERS}
+    assert all(space._valid(p, LIMITS) == p for p in corners.values())
+    assert corners["default_map"] == Point(3, None, "map", 13, 2)
+    wide = corners["wide"]
+    assert wide.num_workers >= 5 and wide.parallelism > 2 and wide.num_workers >= 2 * wide.parallelism
+    for name in space.DATA_DIMS:  # every dimension takes a value beside the default's somewhere
+        assert len({getattr(p, name) for p in corners.values()}) > 1, name
 
 
 def test_a_run_seed_gives_each_case_its_own_reproducible_stream():
@@ -126,7 +177,7 @@ def test_the_terminal_says_per_clause_which_points_were_judged():
     assert "digest.torch_parity" not in judged  # a skipped case judged nothing
     assert judged["start.respects_bound"][0] == {"point": "N=2,p=2", "origin": "drawn", "contexts": ["fork"]}
     assert points_lines(judged, True) == [
-        "workerstart: points digest: 2 fixed; N 3, p none, data iterable/map",
+        "workerstart: points digest: 2 fixed, none explored; N 3, p none, data iterable/map",
         "workerstart: points start: 4 fixed, 2 explored in fork; N 2/3/5/6, p 1/2/3/4/none"]
     del v.records["c"]
     assert points_lines(v.judged_points(), False)[1] == (
@@ -160,3 +211,22 @@ def test_a_scenario_process_reports_the_points_it_built():
     res = preflight.run(protocol.resolve("torch"), "fork", timeout=120, memory_limit=None)
     assert res.status == "ok", res.details()
     assert [space.parse(t).num_workers for t in res.built] == [2]
+
+
+def test_every_dataloader_keyword_is_a_dimension_or_named_out_of_scope():
+    import inspect
+
+    keywords = set(inspect.signature(DataLoader.__init__).parameters) - {"self"}
+    assert keywords == set(space.KEYWORD_DIMS) | set(space.OUT_OF_SCOPE), \
+        sorted(keywords ^ (set(space.KEYWORD_DIMS) | set(space.OUT_OF_SCOPE)))
+    assert set(space.KEYWORD_DIMS.values()) <= set(space.DATA_DIMS)
+
+
+def test_the_contract_page_shows_the_space_table_as_it_runs():
+    from pathlib import Path
+
+    from pytest_workerstart import space_table
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "contract.md").read_text()
+    assert space_table.rendered_part(page) == space_table.render(), (
+        "docs/contract.md differs from pytest_workerstart/space.py: run `python -m pytest_workerstart.space_table`")

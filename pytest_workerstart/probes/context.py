@@ -43,7 +43,7 @@ class _InstrumentedProcessMixin:
         error = None
         try:
             for fault in self._ws_parent_faults:
-                _faults.apply_parent_fault(fault)
+                _faults.apply_parent_fault(fault, recorder.first_begin(key[0]))
             super().start()
         except BaseException as exc:
             error = exc

@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 
-PARENT_KINDS = ("start_error", "start_delay", "start_gate", "interrupt")
+PARENT_KINDS = ("start_error", "start_delay", "start_at", "start_gate", "interrupt")
 CHILD_KINDS = ("child_exit", "child_hang", "child_kill")
 
 
@@ -53,6 +53,14 @@ class FaultPlan:
     def start_delay(cls, delays: dict[int, float], generation: int | None = 0) -> FaultPlan:
         """``Process.start()`` of each worker sleeps first (adversarial timing)."""
         return cls(tuple(Fault("start_delay", w, d, generation) for w, d in delays.items()))
+
+    @classmethod
+    def start_schedule(cls, order: tuple[int, ...], step: float) -> FaultPlan:
+        """``start()`` of the worker ranked r in ``order`` begins ``r x step`` seconds after its
+        iterator's first start began (at once if that time has passed), for every iterator:
+        slots on one clock, so which start finishes first does not depend on how the loader
+        hands starts to its threads, only on the slots and on which starts it holds back."""
+        return cls(tuple(Fault("start_at", w, rank * step, None) for rank, w in enumerate(order)))
 
     @classmethod
     def start_gate(cls, worker: int, path: str, patience: float = 60.0) -> FaultPlan:
@@ -123,12 +131,15 @@ class RaiseInWorkerInit:
         raise InjectedWorkerInitError(f"injected by workerstart: worker_init_fn of worker {worker_id}")
 
 
-def apply_parent_fault(fault: Fault) -> None:
-    """Runs in the parent just before the real ``start()``."""
+def apply_parent_fault(fault: Fault, first_begin: float | None = None) -> None:
+    """Runs in the parent just before the real ``start()`` (``first_begin``: when the first
+    start of this worker's iterator began, on the monotonic clock)."""
     if fault.kind == "start_error":
         raise InjectedStartError(errno.EAGAIN, f"injected by workerstart: start() of worker {fault.worker}")
     if fault.kind == "start_delay":
         time.sleep(fault.value)
+    elif fault.kind == "start_at":
+        time.sleep(max(0.0, (first_begin or time.monotonic()) + fault.value - time.monotonic()))
     elif fault.kind == "start_gate":
         deadline = time.monotonic() + fault.value
         while not os.path.exists(fault.path) and time.monotonic() < deadline:

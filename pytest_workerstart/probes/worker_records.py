@@ -60,6 +60,12 @@ class Recorder:
             self.procs[key] = weakref.ref(proc)
             return key
 
+    def first_begin(self, gen: int) -> float | None:
+        """When the first start of generation ``gen`` began (None: none has)."""
+        with self.cond:
+            begun = [r.start_begin for (g, _), r in self.records.items() if g == gen and r.start_begin is not None]
+        return min(begun, default=None)
+
     def begin(self, key: tuple[int, int]) -> None:
         gen = key[0]
         with self.cond:
