@@ -44,7 +44,7 @@ CLAUSES = {
     "transfer.shared_memory": "a tensor torch delivers in shared memory arrives in a segment a worker created",
 }
 #: Seconds between one worker's start() finishing and the next one's, in a scheduled start.
-SCHEDULE_STEP_S = 0.3
+SCHEDULE_STEP_S = 0.2
 #: torch's global generator's seed for both loaders of a point with gen=none.
 GLOBAL_SEED = 20261206
 #: Characters of a batch shown in a reason.
@@ -248,22 +248,44 @@ def compare(point: Point, truth: Observation, got: Observation) -> list[Differen
     return out
 
 
+def _fetched_batches(point: Point, records: list[tuple]) -> collections.Counter:
+    """The index tuples of the batches the workers fetched: a task's samples are fetched one
+    after another by one worker, so each worker's records cut into batches of the point's size
+    (its last one short) are its tasks, whatever order the batches then arrive in."""
+    size, out, by_pid = point.batch_size or 1, collections.Counter(), {}
+    for r in records:
+        by_pid.setdefault(r[3], []).append(r[0])
+    for indices in by_pid.values():
+        out.update(tuple(indices[k:k + size]) for k in range(0, len(indices), size))
+    return out
+
+
 def _compare_epoch(point: Point, e: int, truth: Observation, got: Observation, add) -> None:
     want, have = truth.epochs[e - 1], got.epochs[e - 1]
     tr, gr = truth.records[e - 1], got.records[e - 1]
     fetched, true_fetched = collections.Counter(r[0] for r in gr), collections.Counter(r[0] for r in tr)
+    worker_of, got_worker = {r[0]: r[1] for r in tr}, {r[0]: r[1] for r in gr}
+    moved = sorted(i for i, w in got_worker.items() if worker_of.get(i, w) != w) \
+        if point.in_order is not False and point.dataset != "iterable" else []
+    why = (f"sample {moved[0]} was fetched by worker {got_worker[moved[0]]}, in torch's DataLoader by worker "
+           f"{worker_of[moved[0]]}") if moved else ""
     if fetched != true_fetched:
         extra, missing = sorted((fetched - true_fetched).elements()), sorted((true_fetched - fetched).elements())
         add("sharding.exactly_once", f"epoch {e}: the loader's workers fetched {len(extra)} samples torch's "
                                      f"DataLoader does not {extra[:8]} and not {len(missing)} it does {missing[:8]} "
                                      f"({fetched.total()} fetched, torch {true_fetched.total()})")
+    elif (batched := _fetched_batches(point, gr)) != (true_batched := _fetched_batches(point, tr)):
+        odd = sorted(batched - true_batched)[:3]
+        clause = "sharding.exactly_once" if point.dataset == "iterable" else "order.epoch_shuffle"
+        add(clause, f"epoch {e}: the same samples, batched otherwise: the loader's workers fetched batches of "
+                    f"indices {odd} that torch's DataLoader does not form (it forms {sorted(true_batched)[:3]}...)")
     elif collections.Counter(want) != collections.Counter(have):
         counts = collections.Counter(want)
         foreign = next((k for k, b in enumerate(have) if b not in counts), None)
         if foreign is not None:
             add("digest.first_batch", f"epoch {e}, batch {foreign}: got {_at(have, foreign)}, which torch's "
                                       f"DataLoader does not serve in this epoch; its batch {foreign} is "
-                                      f"{_at(want, foreign)}")
+                                      f"{_at(want, foreign)} (the same samples were fetched, in the same batches)")
         else:
             missing = collections.Counter(want) - collections.Counter(have)
             extra = collections.Counter(have) - collections.Counter(want)
@@ -273,20 +295,31 @@ def _compare_epoch(point: Point, e: int, truth: Observation, got: Observation, a
                                          f"batch {k}: expected {_at(want, k)}, got {_at(have, k)}")
     elif want != have and point.in_order is not False:
         k = _first_unequal(want, have)
-        worker_of, got_worker = {r[0]: r[1] for r in tr}, {r[0]: r[1] for r in gr}
-        moved = sorted(i for i, w in got_worker.items() if worker_of.get(i, w) != w)
         clause = "order.registration" if moved or point.dataset == "iterable" else "order.epoch_shuffle"
-        why = (f"; sample {moved[0]} was fetched by worker {got_worker[moved[0]]}, in torch's DataLoader by "
-               f"worker {worker_of[moved[0]]}") if moved else ""
         add(clause, f"epoch {e}, batch {k}: expected {_at(want, k)}, got {_at(have, k)} (the same batches in "
-                    f"another order{why})")
+                    f"another order{'; ' + why if why else ''})")
+    elif moved:
+        add("order.registration", f"epoch {e}: the same batches in torch's order, from other workers: {why}")
+    else:  # what a worker drew follows from its seed and from the samples it fetched: judged where those are torch's
+        if not _compare_seeds(e, tr, gr, add):
+            _compare_draws(point, e, tr, gr, add)
+        return
+    _compare_seeds(e, tr, gr, add)  # a worker's seed does not depend on which samples it fetched
+
+
+def _compare_seeds(e: int, tr: list[tuple], gr: list[tuple], add) -> bool:
+    """Whether a worker's seed differs from torch's (base_seed + worker_id): said if so."""
     seeds = {r[1]: r[2] for r in tr}
     wrong = sorted((w, s) for w, s in {r[1]: r[2] for r in gr}.items() if w in seeds and seeds[w] != s)
     if wrong:
         w, s = wrong[0]
         add("order.worker_seeds", f"epoch {e}: worker {w} has seed {s}; torch's DataLoader gives it {seeds[w]} "
                                   f"(base_seed + worker_id)")
-    elif point.in_order is not False:
+    return bool(wrong)
+
+
+def _compare_draws(point: Point, e: int, tr: list[tuple], gr: list[tuple], add) -> None:
+    if point.in_order is not False:
         by_index = {r[0]: r for r in tr}
         drew = next((r for r in sorted(gr) if r[0] in by_index and r[1] == by_index[r[0]][1]
                      and r[4:] != by_index[r[0]][4:]), None)

@@ -41,7 +41,7 @@ DIMENSIONS: dict[str, tuple[str, str]] = {
                          "seeded alike for both loaders)"),
     "sample": ("sample", "the sample's structure (every kind default_collate handles)"),
     "schedule": ("sched", "start schedule: none (the machine's timing) or the order in which workers' "
-                          "start() begins, on slots 0.3 s apart from the iterator's first start, e.g. 2-0-1"),
+                          "start() begins, on slots 0.2 s apart from the iterator's first start, e.g. 2-0-1"),
 }
 #: a point's short key -> its Point field
 BY_KEY = {key: name for name, (key, _) in DIMENSIONS.items()}

@@ -53,12 +53,14 @@ def render() -> str:
     data = [s for s in space.SPACES.values() if s.stream == "data"]
     for sp in (s for s in space.SPACES.values() if s.stream is None):
         dims = ", ".join(point.DIMENSIONS[d][0] for d in sp.dims)
-        lines.append(f"| `{sp.check_id}` | {dims} | {'; '.join(_corner(c, sp.dims) for c in sp.corners)} | hypothesis |")
-    own = [f"`{s.check_id}`: {'; '.join(_corner(c, s.dims) for c in s.corners if c not in space.DATA_CORNERS)}"
+        corners = "; ".join(_corner(c, sp.dims) for c in sp.corners)
+        lines.append(f"| `{sp.check_id}` | {dims} | {corners} | drawn and shrunk by hypothesis |")
+    own = ["`{}`: {}".format(s.check_id, "; ".join(_corner(c, s.dims) for c in s.corners
+                                                   if c not in space.DATA_CORNERS))
            for s in data if len(s.corners) > len(space.DATA_CORNERS)]
+    corners = [_corner(c, space.DATA_DIMS) for c in space.DATA_CORNERS] + own
     lines.append("| " + ", ".join(f"`{s.check_id}`" for s in data) + " | every dimension below | "
-                 + "; ".join(_corner(c, space.DATA_DIMS) for c in space.DATA_CORNERS) + ("; " + "; ".join(own) if own else "")
-                 + " | one shared stream of uniform draws, every dimension |")
+                 + "; ".join(corners) + " | one shared stream of uniform draws, every dimension |")
     lines += ["", "Every dimension of a point (its key in a point's text, what it is, the values drawn):", "",
               "| key | dimension | values |", "|---|---|---|"]
     for name, (key, what) in point.DIMENSIONS.items():

@@ -75,11 +75,13 @@ def test_each_difference_is_reported_under_its_clause_saying_what_differed(got, 
 
 def test_errors_persistence_prefetch_and_transfer_are_attributed():
     point = Point(2, None, "map", 4, 2, prefetch_factor=1, persistent_workers=True, epochs=2)
-    truth = _obs([[], []], [[_rec(0, 0)], [_rec(1, 1)]], tensors=[[("batch", True, "other")]])
-    got = _obs([[], []], [[_rec(0, 0)], [_rec(1, 1, pid=9)]], inflight=5, tensors=[[("batch", False, "other")]])
+    both = [_rec(0, 0), _rec(1, 1)]
+    truth = _obs([[], []], [both, both], tensors=[[("batch", True, "other")]])
+    got = _obs([[], []], [both, [_rec(0, 0, pid=9), _rec(1, 1, pid=9)]], inflight=5,
+               tensors=[[("batch", False, "other")]])
     clauses = {d.clause: d.text for d in parity.compare(point, truth, got)}
     assert set(clauses) == {"persistent.reuse", "prefetch.bound", "transfer.shared_memory"}
-    assert "3 worker processes served the 2 epochs" in clauses["persistent.reuse"]
+    assert "4 worker processes served the 2 epochs" in clauses["persistent.reuse"]
     assert "5 samples were fetched beyond those consumed; at most prefetch_factor 1 x 2 workers x 2 per batch = 4" \
         in clauses["prefetch.bound"]
     assert "batch was copied (not in shared memory)" in clauses["transfer.shared_memory"]
