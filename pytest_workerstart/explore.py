@@ -270,7 +270,8 @@ def limits_for(env):
                         in_order_kwarg=protocol.accepts_kwarg(env.loader.factory, "in_order"),
                         max_workers=3 if env.context_name == "spawn" else 6,
                         iterable=env.loader.has("iterable_dataset"), timeout=env.loader.has("timeout"),
-                        worker_init=env.loader.has("worker_init_fn"))
+                        worker_init=env.loader.has("worker_init_fn"),
+                        differs=tuple(env.loader.capabilities.get("differs_from_torch", ())))
 
 
 def _here(env, point: Point) -> Point:
@@ -331,11 +332,13 @@ def judge_case(env, case: str, judge: Callable[[Point], None],
         point = _here(env, corner.resolve(usable_cores()))
         if point.dataset == "iterable" and not env.loader.has("iterable_dataset"):
             pytest.skip(f"corner {case} iterates an IterableDataset: the loader does not declare iterable_dataset")
+        _skip_declared(env, sp, point, f"corner {case}")
         record_measurements(node, points=[{"point": point.text(sp.dims), "origin": "corner"}])
         _judge_naming(judge, point, f"at {point.text(sp.dims)} (corner {case})")
         return
     if env.settings.replay:
         point = _here(env, space.parse(env.settings.replay))
+        _skip_declared(env, sp, point, "the replayed point")
         judged = judge_once(judge, point, "replay")
         record_measurements(node, points=[judged.as_json(sp.dims)])
         if judged.failure:
@@ -353,7 +356,7 @@ def judge_case(env, case: str, judge: Callable[[Point], None],
     failed = ex.smallest_failure
     record_measurements(node, points=[j.as_json(sp.dims) for j in ex.judged], exploration={
         "seed": seed, "run_seed": run_seed(env.settings), "budget_s": None if n is not None else ex.budget_s,
-        "budget_points": n, "drawn": ex.drawn, "stopped": ex.stopped,
+        "budget_points": n, "drawn": ex.drawn, "stopped": ex.stopped, "declared_different": list(limits.differs),
         "failing_point": failed.point.text(sp.dims) if failed else None})
     if failed is not None:
         pytest.fail(f"{reason(ex, sp.dims)}\n{failed.detail}", pytrace=False)
@@ -400,3 +403,17 @@ def _surveyed(env, sp, limits, survey: Callable[[Point], None]) -> tuple[int, in
         ex = _explore(env, sp, limits, survey, seed, STREAM_BUDGET_FACTOR * env.settings.explore_budget)
         cache[key] = (seed, ex.drawn)
     return cache[key]
+
+
+def _skip_declared(env, sp, point: Point, what: str) -> None:
+    """Skip a data-path point the loader declares its own semantics at (``differs_from_torch``):
+    the verdict shows it as declared different, not as passed."""
+    from pytest_workerstart.point import declared_different
+    from pytest_workerstart.verdict import record_measurements
+
+    hit = declared_different(point, tuple(env.loader.capabilities.get("differs_from_torch", ()))) \
+        if sp.stream is not None else []
+    if hit:
+        record_measurements(env.request.node, declared_different=hit)
+        pytest.skip(f"declared different: {what} sets {', '.join(hit)}, where the loader declares differs_from_torch "
+                    "(its own semantics, not judged against torch's DataLoader)")

@@ -196,3 +196,38 @@ def parse(text: str, *, judgeable: bool = True) -> Point:
         raise PointError(f"sched={_shown('schedule', point.schedule)}: expected an order of all "
                          f"{point.num_workers} workers")
     return point
+
+
+def declared(item: str) -> str:
+    """A ``differs_from_torch`` entry checked: a dimension's key, or ``KEY=VALUE`` with a value of it."""
+    key, sep, raw = item.partition("=")
+    name = BY_KEY.get(key.strip())
+    if name is None:
+        raise PointError(f"{item!r}: expected KEY or KEY=VALUE with KEY one of {', '.join(BY_KEY)}")
+    if not sep:
+        return key.strip()
+    try:
+        value = _value(name, raw.strip().lower())
+    except (KeyError, ValueError):
+        raise PointError(f"{item!r}: {raw.strip()!r} is not a value of {key.strip()}") from None
+    return f"{key.strip()}={_shown(name, value)}"
+
+
+def declared_different(point: Point, items: tuple[str, ...]) -> list[str]:
+    """The ``differs_from_torch`` entries ``point`` sets: a bare key where its value is not the
+    default, ``KEY=VALUE`` where it has that value."""
+    out = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        name = BY_KEY[key]
+        value = getattr(point, name)
+        if (value == _value(name, raw)) if sep else (value != DEFAULTS[name]):
+            out.append(item)
+    return out
+
+
+def without(point: Point, items: tuple[str, ...]) -> Point:
+    """``point`` with every dimension of a declared entry it sets back at its default."""
+    hit = declared_different(point, items)
+    return dataclasses.replace(point, **{BY_KEY[i.partition("=")[0]]: DEFAULTS[BY_KEY[i.partition("=")[0]]]
+                                         for i in hit}) if hit else point

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pytest_workerstart import space
+from pytest_workerstart import point, space
 from pytest_workerstart.loader_spec import (
     BUILTIN_NAMES,
     SpecError,
@@ -46,6 +46,9 @@ CAPABILITIES: dict[str, tuple[str, Any, str]] = {
     "driver_watchdog": ("bool", True, "workers exit when the driving process dies"),
     "state_dict": ("bool", False, "state_dict()/load_state_dict() resume an epoch where it stopped "
                                   "(detected: the loader class has both methods)"),
+    "differs_from_torch": ("dimensions", (), "dimensions of a point where the loader's documented semantics are "
+                                             "its own (KEY or KEY=VALUE, e.g. shuffle or data=iterable): points "
+                                             "that set them are not judged against torch's DataLoader"),
 }
 
 #: Declared in 0.1 but read by no check; declaring one is an error that says so.
@@ -138,6 +141,12 @@ def _check_capability_name(name: str, where: str) -> None:
 
 def _coerce(name: str, value: Any) -> Any:
     kind = CAPABILITIES[name][0]
+    if kind == "dimensions":
+        items = [v.strip() for v in value.split(",")] if isinstance(value, str) else [str(v).strip() for v in value]
+        try:
+            return tuple(point.declared(item) for item in items if item and item != "none")
+        except point.PointError as exc:
+            raise SpecError(f"capability {name}: {exc}") from None
     if kind == "contexts":
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip() and v.strip() != "none"]

@@ -27,6 +27,7 @@ from pytest_workerstart.point import (  # noqa: F401 (re-exported: a space's poi
     Point,
     PointError,
     parse,
+    without,
 )
 
 
@@ -61,6 +62,7 @@ class Limits:
     iterable: bool = True  # the loader takes an IterableDataset
     timeout: bool = True  # the loader honours timeout=
     worker_init: bool = True  # the loader calls worker_init_fn
+    differs: tuple[str, ...] = ()  # differs_from_torch: what the data path never draws
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +205,7 @@ def _draw_data(limits: Limits, rng) -> Point:
     batch = rng.choice((None, 1, 2, 3, 4, 5))
     mapped = kind != "iterable"
     sampler = rng.choice((None, "seq", "random", "subset", "list")) if mapped else None
-    return _valid(Point(
+    return _valid(without(Point(
         num_workers=n, parallelism=p, dataset=kind, length=rng.randint(1, 40), batch_size=batch,
         drop_last=rng.random() < 0.5, prefetch_factor=rng.choice((None, 1, 2, 3, 4)),
         persistent_workers=limits.persistent and rng.random() < 0.5,
@@ -213,7 +215,7 @@ def _draw_data(limits: Limits, rng) -> Point:
         pin_memory=rng.random() < 0.5, timeout=rng.choice((0, 30)) if limits.timeout else 0,
         worker_init=rng.choice((None, "reseed")) if limits.worker_init else None,
         generator=rng.choice((None, rng.randint(0, 2**16))), sample=rng.choice(SAMPLES),
-        schedule=tuple(rng.sample(range(n), n))), limits)
+        schedule=tuple(rng.sample(range(n), n))), limits.differs), limits)
 
 
 def _valid(point: Point, limits: Limits) -> Point:

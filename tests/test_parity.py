@@ -129,3 +129,32 @@ def test_torchs_own_dataloader_differs_from_itself_nowhere():
         assert diffs == [], (point.text(), diffs)
         seen[point.dataset] += 1
     assert len(seen) == 3
+
+
+def test_a_declared_difference_is_parsed_checked_and_never_drawn():
+    from pytest_workerstart import protocol
+    from pytest_workerstart.point import declared_different
+
+    loader = protocol.resolve("torch", capability_overrides={"differs_from_torch": "shuffle, data=ITERABLE"})
+    assert loader.capabilities["differs_from_torch"] == ("shuffle", "data=iterable")
+    for bad, said in (("shuffles", "KEY or KEY=VALUE"), ("data=list", "'list' is not a value of data")):
+        with pytest.raises(protocol.SpecError, match=said):
+            protocol.resolve("torch", capability_overrides={"differs_from_torch": bad})
+    items = loader.capabilities["differs_from_torch"]
+    assert declared_different(Point(3, shuffle=True), items) == ["shuffle"]
+    assert declared_different(Point(3, shuffle=False), items) == ["shuffle"]  # set, even to False: not torch's default
+    assert declared_different(Point(3, dataset="getitems"), items) == []
+    limits = space.Limits(usable_cores=2, parallel=False, persistent=True, in_order_kwarg=True, differs=items)
+    rng = random.Random(3)
+    drawn = [space.SPACES["order.epoch_shuffle"].draw(limits, rng) for _ in range(100)]
+    assert not [p for p in drawn if declared_different(p, items)]
+
+
+def test_a_point_declared_different_is_skipped_saying_so(pytester):
+    result = pytester.runpytest_subprocess(
+        "--workerstart", "--workerstart-loader=torch", "--workerstart-context=fork", "--workerstart-preflight=false",
+        "--workerstart-capability=differs_from_torch=shuffle", "--workerstart-replay=N=2,len=4,shuffle=1",
+        "-k", "epoch_shuffle_at and explore", "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*skipped 1x: declared different: the replayed point sets shuffle*",
+                                 "workerstart: declared different from torch: shuffle *"])
