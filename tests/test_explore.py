@@ -11,6 +11,8 @@ import pytest
 
 from pytest_workerstart import space
 from pytest_workerstart.fixtures.broken import catalog
+from pytest_workerstart.loader_spec import import_attr
+from pytest_workerstart.reference import ParallelStartDataLoader
 from tests import _batch
 
 CATCHES, _ = catalog.load()
@@ -48,26 +50,63 @@ ARGS = ("--workerstart-context=forkserver", "--workerstart-profile=full", "--wor
         f"--workerstart-explore-points={POINTS}", "--workerstart-explore-seed=1",
         "-k", "respects_bound or _at")
 SLICES: dict = {}
+#: The region loaders in batches (one suite run each, on the xdist worker of its class): the start and
+#: sharding loaders with the reference's control, then the data path's on torch's DataLoader and
+#: on the reference (whose explored points carry start schedules).
+GROUPS = {
+    "start_sharding": sorted(n for n, c in REGIONAL.items() if c.module.endswith(".regional")),
+    "data_on_torch": sorted(n for n, c in REGIONAL.items() if c.module.endswith(".data_path")
+                            and not issubclass(import_attr(c.spec), ParallelStartDataLoader)),
+    "data_on_reference": sorted(n for n, c in REGIONAL.items() if c.module.endswith(".data_path")
+                                and issubclass(import_attr(c.spec), ParallelStartDataLoader)),
+}
 
 pytestmark = pytest.mark.slow
 
 
-def _judged(tmp_path_factory):
-    if not SLICES:
-        entries = {name: (c.spec, c.targets) for name, c in REGIONAL.items()}
-        entries["reference"] = ("reference", ("start.respects_bound", "sharding.exactly_once"))
-        SLICES.update(_batch.judge(tmp_path_factory.mktemp("regional"), entries, ARGS, timeout=1500))
-    return SLICES
+def _judged(tmp_path_factory, group: str):
+    if group not in SLICES:
+        entries = {name: (REGIONAL[name].spec, REGIONAL[name].targets) for name in GROUPS[group]}
+        if group == "start_sharding":
+            entries["reference"] = ("reference", ("start.respects_bound", *space.DATA_CLAUSES))
+        SLICES[group] = _batch.judge(tmp_path_factory.mktemp(f"regional-{group}"), entries, ARGS, timeout=1500)
+    return SLICES[group]
 
 
-def test_every_region_has_a_predicate():
+def test_every_region_has_a_predicate_and_a_group():
     assert {c.region for c in REGIONAL.values()} <= set(IN_REGION)
+    assert sorted(n for names in GROUPS.values() for n in names) == sorted(REGIONAL)
 
 
-@pytest.mark.timeout(3200)
-@pytest.mark.parametrize("name", sorted(REGIONAL))
-def test_a_region_confined_defect_is_found_and_shrunk_into_its_region(name, tmp_path_factory):
-    catch, got = REGIONAL[name], _judged(tmp_path_factory)[name]
+class RegionLoaders:
+    """The region loaders of one group (subclasses below)."""
+
+    group = ""
+
+    @pytest.mark.timeout(3200)
+    def test_a_region_confined_defect_is_found_and_shrunk_into_its_region(self, name, tmp_path_factory):
+        _found_and_shrunk(name, _judged(tmp_path_factory, self.group)[name])
+
+
+class TestStartAndShardingRegions(RegionLoaders):
+    group = "start_sharding"
+
+
+class TestDataPathRegionsOnTorch(RegionLoaders):
+    group = "data_on_torch"
+
+
+class TestDataPathRegionsOnTheReference(RegionLoaders):
+    group = "data_on_reference"
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.cls is not None and issubclass(metafunc.cls, RegionLoaders):
+        metafunc.parametrize("name", GROUPS[metafunc.cls.group])
+
+
+def _found_and_shrunk(name, got):
+    catch = REGIONAL[name]
     assert got.finished(), got.describe()
     (target,) = catch.targets
     assert "failed" in got.outcomes(target), got.describe()
@@ -88,19 +127,19 @@ def test_a_region_confined_defect_is_found_and_shrunk_into_its_region(name, tmp_
             point = case["measurements"]["points"][0]["point"]
             assert f"at {point} (corner {corner}): " in case["reason"], case["reason"]
     # the explorer-only regions: no fixed corner shows them, the explored case must
-    explored = [c["outcome"] for c in got.checks if c["nodeid"].endswith("-explore]")]
-    corners = [c["outcome"] for c in got.checks if not c["nodeid"].endswith("-explore]")]
+    explored = [c["outcome"] for c in got.checks if c["nodeid"].endswith("-explore]") and c["id"] == target]
+    corners = [c["outcome"] for c in got.checks if not c["nodeid"].endswith("-explore]") and c["id"] == target]
     if "failed" not in corners:
         assert explored == ["failed"], got.describe()
 
 
 @pytest.mark.timeout(3200)
 def test_the_reference_passes_every_corner_and_explored_point(tmp_path_factory):
-    got = _judged(tmp_path_factory)["reference"]
+    got = _judged(tmp_path_factory, "start_sharding")["reference"]
     assert got.finished() and got.failed_ids() == set(), got.describe()
     explored = [c for c in got.checks if c["nodeid"].endswith("-explore]")]
     # every point asked for, or every point there is (N 1..6, p 1..min(N + 1, cores + 2): 21 here)
-    assert len(explored) == 2 and all(c["measurements"]["exploration"]["drawn"] == POINTS
+    assert len(explored) == 1 + len(space.DATA_CLAUSES) and all(c["measurements"]["exploration"]["drawn"] == POINTS
                                       or c["measurements"]["exploration"]["stopped"] == "the space was exhausted"
                                       for c in explored), [c["measurements"]["exploration"] for c in explored]
 
@@ -147,3 +186,30 @@ def test_the_quick_profile_collects_no_explored_case(pytester):
     ids = [line for line in result.stdout.lines if "::" in line]
     assert ids and not [i for i in ids if "explore" in i], ids
     assert any("-wide]" in i for i in ids)
+
+
+#: Replays of a failure that depends on which worker's start finishes first
+REPLAYS = 5
+
+
+@pytest.mark.timeout(3200)
+def test_a_failure_that_depends_on_start_order_fails_on_every_replay(tmp_path_factory, tmp_path):
+    """The explored failure of the loader that registers workers in completion order (from four
+    workers) carries its start schedule: its reproduce command fails every time."""
+    got = _judged(tmp_path_factory, "data_on_reference")["RegistersInCompletionOrderFromFour"]
+    case = next(c for c in got.checks if c["nodeid"].endswith("-explore]") and c["outcome"] == "failed")
+    point = space.parse(case["measurements"]["exploration"]["failing_point"])
+    assert point.schedule is not None and point.parallelism > 1, point
+    outcomes = []
+    for k in range(REPLAYS):
+        out = tmp_path / f"replay{k}.json"
+        subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--workerstart",
+                        f"--workerstart-loader={REGIONAL['RegistersInCompletionOrderFromFour'].spec}",
+                        "--workerstart-context=forkserver", "--workerstart-preflight=false",
+                        f"--workerstart-replay={point.text()}", "-k", "registration_at and explore",
+                        f"--workerstart-json={out}"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=300)
+        from tests.conftest import Verdict
+
+        outcomes.append([c["outcome"] for c in Verdict(out, None).data["checks"]])
+    assert outcomes == [["failed"]] * REPLAYS, outcomes
