@@ -214,9 +214,10 @@ def compare(point: Point, truth: Observation, got: Observation) -> list[Differen
         if got.error is None:
             add("digest.torch_parity", f"torch's DataLoader raises {truth.error[1]}: {truth.error[2]!r} at "
                                        f"{truth.error[0]}; the loader did not raise")
-        elif truth.error is None:
-            add("digest.first_batch", f"{got.error[0]}: the loader raised {got.error[1]}: {got.error[2]!r}; "
-                                      "torch's DataLoader serves every batch")
+        elif truth.error is None:  # what the loader did not serve, no clause can judge
+            for clause in CLAUSES:
+                add(clause, f"{got.error[0]}: the loader raised {got.error[1]}: {got.error[2]!r}; torch's "
+                            "DataLoader serves every batch")
         elif truth.error[:2] != got.error[:2]:
             add("digest.torch_parity", f"the loader raised {got.error[1]}: {got.error[2]!r} at {got.error[0]}; "
                                        f"torch's DataLoader raises {truth.error[1]}: {truth.error[2]!r} at "
@@ -260,6 +261,15 @@ def _fetched_batches(point: Point, records: list[tuple]) -> collections.Counter:
     return out
 
 
+def _another_selection(point: Point, fetched: collections.Counter, truth: collections.Counter) -> bool:
+    """Whether a shuffled point's samples differ from torch's only as another permutation's
+    selection would: as many, none twice, all of the dataset (what drop_last keeps of a
+    permutation, or a subset sampler's draw, depends on the order)."""
+    shuffled = bool(point.shuffle) or point.sampler in ("random", "subset")
+    return (shuffled and fetched.total() == truth.total() and max(fetched.values(), default=0) <= 1
+            and all(0 <= i < (point.length or 0) for i in fetched))
+
+
 def _compare_epoch(point: Point, e: int, truth: Observation, got: Observation, add) -> None:
     want, have = truth.epochs[e - 1], got.epochs[e - 1]
     tr, gr = truth.records[e - 1], got.records[e - 1]
@@ -271,9 +281,13 @@ def _compare_epoch(point: Point, e: int, truth: Observation, got: Observation, a
            f"{worker_of[moved[0]]}") if moved else ""
     if fetched != true_fetched:
         extra, missing = sorted((fetched - true_fetched).elements()), sorted((true_fetched - fetched).elements())
-        add("sharding.exactly_once", f"epoch {e}: the loader's workers fetched {len(extra)} samples torch's "
-                                     f"DataLoader does not {extra[:8]} and not {len(missing)} it does {missing[:8]} "
-                                     f"({fetched.total()} fetched, torch {true_fetched.total()})")
+        said = (f"the loader's workers fetched {len(extra)} samples torch's DataLoader does not {extra[:8]} and "
+                f"not {len(missing)} it does {missing[:8]} ({fetched.total()} fetched, torch {true_fetched.total()})")
+        if _another_selection(point, fetched, true_fetched):
+            add("order.epoch_shuffle", f"epoch {e}: {said}: as many distinct samples, another selection of a "
+                                       "shuffled order (drop_last drops its tail): the order is not torch's")
+        else:
+            add("sharding.exactly_once", f"epoch {e}: {said}")
     elif (batched := _fetched_batches(point, gr)) != (true_batched := _fetched_batches(point, tr)):
         odd = sorted(batched - true_batched)[:3]
         clause = "sharding.exactly_once" if point.dataset == "iterable" else "order.epoch_shuffle"

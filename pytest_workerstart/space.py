@@ -24,6 +24,7 @@ from pytest_workerstart.point import (  # noqa: F401 (re-exported: a space's poi
     DIMENSIONS,
     MAX_WORKERS,
     SAMPLES,
+    SHOWN_WHEN_SET,
     Point,
     PointError,
     parse,
@@ -250,9 +251,18 @@ _SIMPLER: dict[str, Callable[[Any], list[Any]]] = {
 
 
 def _simpler_data(point: Point, limits: Limits) -> list[Point]:
-    """The valid points one dimension simpler than ``point``: a keyword back to torch's default, a
-    count smaller, the map-style dataset, the schedule in id order."""
+    """The valid points simpler than ``point``: first every keyword it sets back at torch's default
+    at once, then each half of them (a failure that needs none or few of them shrinks in a step
+    or two), then one dimension at a time: a keyword back to its default, a count smaller, the
+    map-style dataset, the schedule in id order."""
     out: list[Point] = []
+    keywords = [name for name in DATA_DIMS if name in SHOWN_WHEN_SET and name != "schedule"
+                and getattr(point, name) != DEFAULTS[name]]
+    half = len(keywords) // 2
+    for group in (keywords, keywords[:half], keywords[half:]) if len(keywords) > 1 else ():
+        cand = _valid(dataclasses.replace(point, **{name: DEFAULTS[name] for name in group}), limits)
+        if group and cand != point and cand not in out:
+            out.append(cand)
     for name in DATA_DIMS:
         value = getattr(point, name)
         candidates = _SIMPLER[name](value) if name in _SIMPLER else [DEFAULTS[name]]

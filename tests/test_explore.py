@@ -49,6 +49,11 @@ POINTS = 30
 ARGS = ("--workerstart-context=forkserver", "--workerstart-profile=full", "--workerstart-preflight=false",
         f"--workerstart-explore-points={POINTS}", "--workerstart-explore-seed=1",
         "-k", "respects_bound or _at")
+#: The data path's region loaders: fewer points (each draws every dimension uniformly; a point under
+#: the reference also waits for its start schedule), each found within them with seed 1 or by a corner.
+DATA_POINTS = 12
+#: Replays of a failure that depends on which worker's start finishes first
+REPLAYS = 5
 SLICES: dict = {}
 #: The region loaders in batches (one suite run each, on the xdist worker of its class): the start and
 #: sharding loaders with the reference's control, then the data path's on torch's DataLoader and
@@ -69,7 +74,9 @@ def _judged(tmp_path_factory, group: str):
         entries = {name: (REGIONAL[name].spec, REGIONAL[name].targets) for name in GROUPS[group]}
         if group == "start_sharding":
             entries["reference"] = ("reference", ("start.respects_bound", *space.DATA_CLAUSES))
-        SLICES[group] = _batch.judge(tmp_path_factory.mktemp(f"regional-{group}"), entries, ARGS, timeout=1500)
+        args = ARGS if group == "start_sharding" else \
+            [a.replace(f"points={POINTS}", f"points={DATA_POINTS}") for a in ARGS]
+        SLICES[group] = _batch.judge(tmp_path_factory.mktemp(f"regional-{group}"), entries, args, timeout=1500)
     return SLICES[group]
 
 
@@ -91,6 +98,17 @@ class RegionLoaders:
 class TestStartAndShardingRegions(RegionLoaders):
     group = "start_sharding"
 
+    @pytest.mark.timeout(3200)
+    def test_the_reference_passes_every_corner_and_explored_point(self, tmp_path_factory):
+        got = _judged(tmp_path_factory, "start_sharding")["reference"]
+        assert got.finished() and got.failed_ids() == set(), got.describe()
+        explored = [c for c in got.checks if c["nodeid"].endswith("-explore]")]
+        # every point asked for, or every point there is (N 1..6, p 1..min(N + 1, cores + 2): 21 here)
+        explorations = [c["measurements"]["exploration"] for c in explored]
+        assert len(explored) == 1 + len(space.DATA_CLAUSES), explorations
+        assert all(e["drawn"] == POINTS or e["stopped"] == "the space was exhausted" for e in explorations), \
+            explorations
+
 
 class TestDataPathRegionsOnTorch(RegionLoaders):
     group = "data_on_torch"
@@ -99,9 +117,31 @@ class TestDataPathRegionsOnTorch(RegionLoaders):
 class TestDataPathRegionsOnTheReference(RegionLoaders):
     group = "data_on_reference"
 
+    @pytest.mark.timeout(3200)
+    def test_a_failure_that_depends_on_start_order_fails_on_every_replay(self, tmp_path_factory, tmp_path):
+        """The explored failure of the loader that registers workers in completion order (from four
+        workers) carries its start schedule: its reproduce command fails every time."""
+        got = _judged(tmp_path_factory, "data_on_reference")["RegistersInCompletionOrderFromFour"]
+        case = next(c for c in got.checks if c["nodeid"].endswith("-explore]") and c["outcome"] == "failed")
+        point = space.parse(case["measurements"]["exploration"]["failing_point"])
+        assert point.schedule is not None and point.parallelism > 1, point
+        outcomes = []
+        for k in range(REPLAYS):
+            out = tmp_path / f"replay{k}.json"
+            subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--workerstart",
+                            f"--workerstart-loader={REGIONAL['RegistersInCompletionOrderFromFour'].spec}",
+                            "--workerstart-context=forkserver", "--workerstart-preflight=false",
+                            f"--workerstart-replay={point.text()}", "-k", "registration_at and explore",
+                            f"--workerstart-json={out}"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=300)
+            from tests.conftest import Verdict
+
+            outcomes.append([c["outcome"] for c in Verdict(out, None).data["checks"]])
+        assert outcomes == [["failed"]] * REPLAYS, outcomes
+
 
 def pytest_generate_tests(metafunc):
-    if metafunc.cls is not None and issubclass(metafunc.cls, RegionLoaders):
+    if metafunc.cls is not None and issubclass(metafunc.cls, RegionLoaders) and "name" in metafunc.fixturenames:
         metafunc.parametrize("name", GROUPS[metafunc.cls.group])
 
 
@@ -131,17 +171,6 @@ def _found_and_shrunk(name, got):
     corners = [c["outcome"] for c in got.checks if not c["nodeid"].endswith("-explore]") and c["id"] == target]
     if "failed" not in corners:
         assert explored == ["failed"], got.describe()
-
-
-@pytest.mark.timeout(3200)
-def test_the_reference_passes_every_corner_and_explored_point(tmp_path_factory):
-    got = _judged(tmp_path_factory, "start_sharding")["reference"]
-    assert got.finished() and got.failed_ids() == set(), got.describe()
-    explored = [c for c in got.checks if c["nodeid"].endswith("-explore]")]
-    # every point asked for, or every point there is (N 1..6, p 1..min(N + 1, cores + 2): 21 here)
-    assert len(explored) == 1 + len(space.DATA_CLAUSES) and all(c["measurements"]["exploration"]["drawn"] == POINTS
-                                      or c["measurements"]["exploration"]["stopped"] == "the space was exhausted"
-                                      for c in explored), [c["measurements"]["exploration"] for c in explored]
 
 
 @pytest.mark.timeout(600)
@@ -186,30 +215,3 @@ def test_the_quick_profile_collects_no_explored_case(pytester):
     ids = [line for line in result.stdout.lines if "::" in line]
     assert ids and not [i for i in ids if "explore" in i], ids
     assert any("-wide]" in i for i in ids)
-
-
-#: Replays of a failure that depends on which worker's start finishes first
-REPLAYS = 5
-
-
-@pytest.mark.timeout(3200)
-def test_a_failure_that_depends_on_start_order_fails_on_every_replay(tmp_path_factory, tmp_path):
-    """The explored failure of the loader that registers workers in completion order (from four
-    workers) carries its start schedule: its reproduce command fails every time."""
-    got = _judged(tmp_path_factory, "data_on_reference")["RegistersInCompletionOrderFromFour"]
-    case = next(c for c in got.checks if c["nodeid"].endswith("-explore]") and c["outcome"] == "failed")
-    point = space.parse(case["measurements"]["exploration"]["failing_point"])
-    assert point.schedule is not None and point.parallelism > 1, point
-    outcomes = []
-    for k in range(REPLAYS):
-        out = tmp_path / f"replay{k}.json"
-        subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--workerstart",
-                        f"--workerstart-loader={REGIONAL['RegistersInCompletionOrderFromFour'].spec}",
-                        "--workerstart-context=forkserver", "--workerstart-preflight=false",
-                        f"--workerstart-replay={point.text()}", "-k", "registration_at and explore",
-                        f"--workerstart-json={out}"], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=300)
-        from tests.conftest import Verdict
-
-        outcomes.append([c["outcome"] for c in Verdict(out, None).data["checks"]])
-    assert outcomes == [["failed"]] * REPLAYS, outcomes

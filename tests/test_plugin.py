@@ -142,7 +142,7 @@ def test_third_party_class_with_zero_code(run_suite):
                   "--workerstart-loader=torchdata.stateful_dataloader:StatefulDataLoader")
     assert v.data["loader"]["qualified_name"].endswith("StatefulDataLoader")
     assert v.outcomes("start.default_serial") == ["passed"]
-    assert v.outcomes("order.registration") == ["passed"]
+    assert set(v.outcomes("order.registration")) == {"passed"}  # its case and its data-path corner
 
 
 def test_user_module_class(pytester, run_suite):
@@ -184,7 +184,7 @@ def test_factory_that_raises_fails_the_check_not_the_session(pytester, run_suite
     assert v.result.ret == 1
     assert v.outcomes("start.default_serial") == ["failed"]
     assert any("factory exploded" in r for r in v.reasons("start.default_serial"))
-    assert v.outcomes("transfer.shared_memory") == ["failed"]
+    assert set(v.outcomes("transfer.shared_memory")) == {"failed"}
 
 
 def test_expected_failures_file(pytester, run_suite):
@@ -215,8 +215,8 @@ def test_expected_failures_file(pytester, run_suite):
 def test_capability_declared_on_the_command_line(run_suite):
     v = run_suite(*FAST, "-k", "persistent.reuse", "--workerstart-loader=torch",
                   "--workerstart-capability=persistent_workers=false", "--workerstart-preflight=false")
-    assert v.outcomes("persistent.reuse") == ["skipped"]
-    assert "persistent_workers" in v.reasons("persistent.reuse")[0]
+    assert set(v.outcomes("persistent.reuse")) == {"skipped"}
+    assert all("persistent_workers" in r for r in v.reasons("persistent.reuse"))
 
 
 def test_capability_names_are_documented():
