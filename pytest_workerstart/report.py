@@ -63,7 +63,7 @@ def render(tr, *, verdict: Verdict, loader: Any, coverage: dict[str, dict[str, s
                       f"{', '.join(parallel) if parallel else 'no clause'}")
     for line in points_lines(verdict.judged_points(), explores):
         tr.write_line(line)
-    differs = loader.capabilities.get("differs_from_torch")
+    differs = getattr(loader, "capabilities", {}).get("differs_from_torch")
     if differs:
         tr.write_line(f"workerstart: declared different from torch: {', '.join(differs)} (the data-path clauses "
                       "judge no point that sets them: skipped as declared different)", yellow=True)

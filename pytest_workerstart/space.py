@@ -288,10 +288,11 @@ DATA_CORNERS = (
                                  schedule=(4, 2, 0, 3, 1)), profiles=("full",),
            why="`__getitems__`, shuffle, drop_last, prefetch 1, persistent, in_order, a collate_fn, pin_memory, "
                "timeout, worker_init_fn, a generator, nested samples over two epochs"),
-    Corner("samplers_map", Point(4, 4, "map", 17, 2, in_order=False, epochs=2, sampler="subset",
+    Corner("samplers_map", Point(4, 4, "map", 17, 2, True, in_order=False, epochs=2, sampler="subset",
                                  batch_sampler=True, collate="list", sample="namedtuple",
                                  schedule=(1, 3, 0, 2)), profiles=("full",),
-           why="a sampler inside a batch_sampler, in_order=False, a list collate_fn, torch's global generator"),
+           why="a subset sampler inside a batch_sampler that drops a short last batch, in_order=False, a list "
+               "collate_fn, torch's global generator"),
     Corner("keywords_iterable", Point(5, 3, "iterable", 22, None, False, 3, True, None, 2, worker_init="reseed",
                                       generator=5, sample="dict", schedule=(2, 0, 4, 1, 3)), profiles=("full",),
            why="no automatic batching, prefetch 3, persistent workers over uneven shards"),

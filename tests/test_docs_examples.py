@@ -39,4 +39,4 @@ def test_check_loader_example_runs(index, tmp_path):
     proc = subprocess.run([sys.executable, "-c", _python_blocks("ci.md")[index]], cwd=tmp_path, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "<LoaderVerdict torch: passed (2 passed)>" in proc.stdout
+    assert "<LoaderVerdict torch: passed (4 passed, 10 skipped)>" in proc.stdout

@@ -41,17 +41,14 @@ IN_REGION = {
     "N>=4, p>=2, starts finishing out of id order": lambda pt: pt.num_workers >= 4 and pt.parallelism >= 2
     and pt.schedule is not None and list(pt.schedule) != sorted(pt.schedule),
 }
-#: A count of points, not seconds, with a fixed seed: the same draws however loaded the machine
-#: (a 20 s budget drew too few on a loaded CI machine to reach DropsLastTwice's region). Draws stop
-#: at the first failure, so the count bounds the controls; each broken loader's first failure comes
-#: within it (seed 1: DropsLastTwice after 16 draws, the others after 2 to 9).
-POINTS = 30
+#: A count of points, not seconds, with a fixed seed: the same draws however loaded the machine.
+#: Draws stop at the first failure, so the count bounds the controls; a region loader is found
+#: within it with seed 1 or by a corner (the explored case must fail where no corner does).
+POINTS = 12
 ARGS = ("--workerstart-context=forkserver", "--workerstart-profile=full", "--workerstart-preflight=false",
         f"--workerstart-explore-points={POINTS}", "--workerstart-explore-seed=1",
         "-k", "respects_bound or _at")
-#: The data path's region loaders: fewer points (each draws every dimension uniformly; a point under
-#: the reference also waits for its start schedule), each found within them with seed 1 or by a corner.
-DATA_POINTS = 12
+
 #: Replays of a failure that depends on which worker's start finishes first
 REPLAYS = 5
 SLICES: dict = {}
@@ -74,9 +71,7 @@ def _judged(tmp_path_factory, group: str):
         entries = {name: (REGIONAL[name].spec, REGIONAL[name].targets) for name in GROUPS[group]}
         if group == "start_sharding":
             entries["reference"] = ("reference", ("start.respects_bound", *space.DATA_CLAUSES))
-        args = ARGS if group == "start_sharding" else \
-            [a.replace(f"points={POINTS}", f"points={DATA_POINTS}") for a in ARGS]
-        SLICES[group] = _batch.judge(tmp_path_factory.mktemp(f"regional-{group}"), entries, args, timeout=1500)
+        SLICES[group] = _batch.judge(tmp_path_factory.mktemp(f"regional-{group}"), entries, ARGS, timeout=1500)
     return SLICES[group]
 
 
@@ -177,12 +172,12 @@ def _found_and_shrunk(name, got):
 def test_the_reproduce_command_replays_the_shrunk_point(tmp_path):
     """A region loader on torch's DataLoader, under fork: the explored failure's reproduce
     command (run as printed) judges exactly the shrunk point, and fails there again. (Seed 1's
-    stream for this case first fails at its 46th draw.)"""
+    stream for this case fails within its first draws.)"""
     spec = REGIONAL["DropsLastTwice"].spec
     out = tmp_path / "first.json"
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--workerstart", f"--workerstart-loader={spec}",
-           "--workerstart-context=fork", "--workerstart-explore-points=60", "--workerstart-explore-seed=1",
-           "--workerstart-preflight=false", "-k", "exactly_once_at", f"--workerstart-json={out}"]
+           "--workerstart-context=fork", "--workerstart-explore-points=12", "--workerstart-explore-seed=1",
+           "--workerstart-preflight=false", "-k", "exactly_once_at and explore", f"--workerstart-json={out}"]
     subprocess.run(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
     from tests.conftest import Verdict
 

@@ -5,6 +5,7 @@ suite's bug)."""
 
 import collections
 import multiprocessing
+import os
 import random
 import tempfile
 
@@ -108,14 +109,16 @@ def _torch_run(point: Point, method: str) -> parity.Observation:
                                                  **loader_kwargs(point)), point, d, workers=set, built=lambda: 0)
 
 
-#: Points judged per context: torch against torch, under fork (fresh workers for each run)
-TORCH_POINTS = 200
+#: Points judged per context, torch against torch: 40 in the self-tests (about a minute each here);
+#: `make parity-torch` judges 200 per context
+TORCH_POINTS = int(os.environ.get("WORKERSTART_TORCH_POINTS", "40"))
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(3600)
 @pytest.mark.usefixtures("torch_process_state")
-def test_torchs_own_dataloader_differs_from_itself_nowhere():
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_torchs_own_dataloader_differs_from_itself_nowhere(method):
     """The judge's truth is torch: over drawn points of every dimension, two runs of torch's
     DataLoader (one of them as the loader under test would run) show no difference, so every
     difference the judge reports about a loader is the loader's. in_order=False points compare
@@ -125,10 +128,10 @@ def test_torchs_own_dataloader_differs_from_itself_nowhere():
     seen = collections.Counter()
     for _ in range(TORCH_POINTS):
         point = space.SPACES["digest.first_batch"].draw(limits, rng)
-        diffs = parity.compare(point, _torch_run(point, "fork"), _torch_run(point, "fork"))
+        diffs = parity.compare(point, _torch_run(point, method), _torch_run(point, method))
         assert diffs == [], (point.text(), diffs)
         seen[point.dataset] += 1
-    assert len(seen) == 3
+    assert len(seen) == 3 or TORCH_POINTS < 20
 
 
 def test_a_declared_difference_is_parsed_checked_and_never_drawn():

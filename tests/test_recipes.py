@@ -37,7 +37,8 @@ def test_recipe_runs_the_suite(run_suite, pytester, monkeypatch, recipe):
                         "--workerstart-profile=quick", "-k", " or ".join(CHECKS))
     out = verdict.result.stdout.str()
     for check_id in CHECKS:
-        assert verdict.outcomes(check_id) and set(verdict.outcomes(check_id)) == {"passed"}, (
+        # the corners of the full profile are skipped in the quick one
+        assert "passed" in verdict.outcomes(check_id) and set(verdict.outcomes(check_id)) <= {"passed", "skipped"}, (
             f"{check_id}: {verdict.outcomes(check_id)}\n{out[-3000:]}")
     loader = verdict.data["loader"]
     assert loader["package"] == package and loader["version"] == installed, loader

@@ -72,8 +72,9 @@ def test_every_capability_is_read_by_a_check():
 
     required = {cap for check in registry.CHECKS.values() for cap in check.requires}
     inline = set()
-    for path in (ROOT / "conformance").glob("test_*.py"):
-        inline |= set(re.findall(r"""\.has\(["']([a-z_]+)["']""", path.read_text()))
+    judges = [*(ROOT / "conformance").glob("test_*.py"), ROOT / "pytest_workerstart" / "explore.py"]
+    for path in judges:
+        inline |= set(re.findall(r"""(?:\.has\(|capabilities\.get\()["']([a-z_]+)["']""", path.read_text()))
     assert set(CAPABILITIES) <= required | inline, sorted(set(CAPABILITIES) - required - inline)
 
 

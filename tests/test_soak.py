@@ -60,5 +60,5 @@ def test_check_loader_twice_gives_the_same_verdict_and_leaves_nothing_in_the_cal
                         "--json", str(out)])
     result = json.loads(out.read_text())
     assert rc == 0 and result["identical"] and result["flat"], result
-    assert [r["summary"]["passed"] for r in result["runs"]] == [1, 1]
+    assert [r["summary"]["passed"] for r in result["runs"]] == [2, 2]  # the check's case and its default corner
     assert "Every verdict like the first: **yes**" in capsys.readouterr().out

@@ -161,7 +161,7 @@ def test_every_check_lists_the_points_it_judged(run_suite):
     passed = {c["id"] for c in v.data["checks"] if c["outcome"] == "passed"}
     assert passed == ids, v.data["checks"]
     assert set(points) == passed, points
-    assert all(p["origin"] == "fixed" and p["contexts"] == ["fork"] for ps in points.values() for p in ps)
+    assert all(p["origin"] in ("fixed", "corner") and p["contexts"] == ["fork"] for ps in points.values() for p in ps)
     assert "N=3,p=none,data=map,len=8,batch=2" in points["start.default_serial"][0]["point"]
     # order.registration judges the run order.worker_seeds made (or the other way round): the same points
     shared = {p["point"] for p in points["order.registration"]} & {p["point"] for p in points["order.worker_seeds"]}
