@@ -62,7 +62,7 @@ test: $(STAMP)
 # The differential judge's truth is torch: torch's DataLoader against itself over 200 drawn points per
 # context shows no difference (the self-tests judge 40).
 parity-torch: $(STAMP)
-	WORKERSTART_TORCH_POINTS=200 $(PY) -m pytest -p no:cacheprovider -q -n 2 \
+	WORKERSTART_TORCH_POINTS=200 WORKERSTART_TORCH_METHODS=fork,forkserver $(PY) -m pytest -p no:cacheprovider -q -n 2 \
 	    tests/test_parity.py -k torchs_own_dataloader
 
 # What a user gets from the README's install: the built wheel alone in a fresh venv, from an
