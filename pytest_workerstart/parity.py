@@ -38,11 +38,11 @@ CLAUSES = {
     "order.epoch_shuffle": "the batches come in torch's order (the sampler's, the generator's)",
     "order.worker_seeds": "each worker has torch's seed (base_seed + worker_id)",
     "order.rng_streams": "what user code draws from torch, random and NumPy in a worker is torch's",
-    "persistent.reuse": "persistent workers serve every epoch: no worker process built after the first epoch",
+    "persistent.reuse": "persistent workers serve every epoch: no more worker processes than torch's",
     "prefetch.bound": "fetched but unconsumed samples never exceed prefetch_factor x num_workers batches",
     "transfer.shared_memory": "a tensor torch delivers in shared memory arrives in a segment a worker created",
 }
-#: Seconds between one worker's start() finishing and the next one's, in a scheduled start.
+#: Seconds between the start slots of consecutive workers in a scheduled start.
 SCHEDULE_STEP_S = 0.2
 #: torch's global generator's seed for both loaders of a point with gen=none.
 GLOBAL_SEED = 20261206
