@@ -138,11 +138,15 @@ def test_verdict_json_schema_and_summary(run_suite):
 
 
 def test_third_party_class_with_zero_code(run_suite):
-    v = run_suite(*FAST, "-k", "start.default_serial or order.registration",
+    # the quick profile: no explored points (torchdata's shuffled order is its own, and a drawn
+    # shuffled point would judge that, not the zero-code path)
+    v = run_suite(*FAST, "-k", "start.default_serial or order.registration", "--workerstart-profile=quick",
                   "--workerstart-loader=torchdata.stateful_dataloader:StatefulDataLoader")
     assert v.data["loader"]["qualified_name"].endswith("StatefulDataLoader")
     assert v.outcomes("start.default_serial") == ["passed"]
-    assert set(v.outcomes("order.registration")) == {"passed"}  # its case and its data-path corner
+    # its case and its default corner pass; the full profile's corners are skipped
+    assert "passed" in v.outcomes("order.registration") and set(v.outcomes("order.registration")) <= {
+        "passed", "skipped"}
 
 
 def test_user_module_class(pytester, run_suite):
