@@ -117,8 +117,6 @@ class Observation:
     inflight: int = 0
     #: per epoch, for each tensor of its first batch: (path, in shared memory, created by: worker|driver|other)
     tensors: list[list[tuple[str, bool, str]]] = dataclasses.field(default_factory=list)
-    #: worker processes built over every epoch
-    built: int = 0
 
 
 def _tensors(batch: Any, workers: set[int]) -> list[tuple[str, bool, str]]:
@@ -144,8 +142,7 @@ def _tensors(batch: Any, workers: set[int]) -> list[tuple[str, bool, str]]:
     return out
 
 
-def run(make: Callable[[str], Any], point: Point, log_dir: str, *, workers: Callable[[], set[int]],
-        built: Callable[[], int]) -> Observation:
+def run(make: Callable[[str], Any], point: Point, log_dir: str, *, workers: Callable[[], set[int]]) -> Observation:
     """Iterate the loader ``make(log_dir)`` builds for the point's epochs; what it raises is recorded,
     not raised (a stopped step, a skip or an interrupt goes through)."""
     from pytest_workerstart.fixtures.parity_data import read_records
@@ -177,7 +174,6 @@ def run(make: Callable[[str], Any], point: Point, log_dir: str, *, workers: Call
         del loader
     except Exception as exc:  # the loader's error is an observation; a stopped step goes through
         obs.error = (where, type(exc).__name__, (str(exc).strip().splitlines() or [""])[0][:200])
-    obs.built = built()
     return obs
 
 
@@ -402,7 +398,7 @@ def _torch_run(env, point: Point) -> Observation:
     bound = env.step_timeout(point.num_workers)
     with tempfile.TemporaryDirectory(prefix="ws-parity-") as d, _seeded_globally(point), _no_accelerator_warning(), \
             deadline("torch's DataLoader (the truth)", None if bound is None else bound * (2 + point.epochs)):
-        return run(make, point, d, workers=set, built=lambda: 0)
+        return run(make, point, d, workers=set)
 
 
 def _loader_run(env, point: Point, ctx) -> Observation:
@@ -414,8 +410,7 @@ def _loader_run(env, point: Point, ctx) -> Observation:
                         parallelism=point.parallelism, **loader_kwargs(point))
 
     with tempfile.TemporaryDirectory(prefix="ws-parity-") as d, _seeded_globally(point), _no_accelerator_warning():
-        return run(make, point, d, workers=lambda: {r.pid for r in ctx.records() if r.pid},
-                   built=lambda: len(ctx.records()))
+        return run(make, point, d, workers=lambda: {r.pid for r in ctx.records() if r.pid})
 
 
 def differences(env, point: Point) -> list[Difference]:

@@ -106,7 +106,7 @@ def _torch_run(point: Point, method: str) -> parity.Observation:
     with tempfile.TemporaryDirectory() as d, parity._seeded_globally(point), parity._no_accelerator_warning():
         return parity.run(lambda log: DataLoader(dataset_of(point, log), num_workers=point.num_workers,
                                                  multiprocessing_context=multiprocessing.get_context(method),
-                                                 **loader_kwargs(point)), point, d, workers=set, built=lambda: 0)
+                                                 **loader_kwargs(point)), point, d, workers=set)
 
 
 #: Points judged per context, torch against torch: 40 under fork in the self-tests (under a minute
