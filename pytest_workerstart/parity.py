@@ -256,12 +256,24 @@ def _fetched_batches(point: Point, records: list[tuple]) -> collections.Counter:
     return out
 
 
+def _shuffled(point: Point) -> bool:
+    return bool(point.shuffle) or point.sampler in ("random", "subset")
+
+
+def _per_worker(records: list[tuple]) -> collections.Counter:
+    """What each worker fetched, in its order, whichever id it has: equal for two runs that
+    differ only in which worker is called which, or in the order their batches are served."""
+    by_pid: dict = {}
+    for r in records:
+        by_pid.setdefault(r[3], []).append(r[0])
+    return collections.Counter(tuple(v) for v in by_pid.values())
+
+
 def _another_selection(point: Point, fetched: collections.Counter, truth: collections.Counter) -> bool:
     """Whether a shuffled point's samples differ from torch's only as another permutation's
     selection would: as many, none twice, all of the dataset (what drop_last keeps of a
     permutation, or a subset sampler's draw, depends on the order)."""
-    shuffled = bool(point.shuffle) or point.sampler in ("random", "subset")
-    return (shuffled and fetched.total() == truth.total() and max(fetched.values(), default=0) <= 1
+    return (_shuffled(point) and fetched.total() == truth.total() and max(fetched.values(), default=0) <= 1
             and all(0 <= i < (point.length or 0) for i in fetched))
 
 
@@ -305,8 +317,11 @@ def _compare_epoch(point: Point, e: int, truth: Observation, got: Observation, a
     elif want != have and point.in_order is not False:
         k = _first_unequal(want, have)
         clause = "order.registration" if moved or point.dataset == "iterable" else "order.epoch_shuffle"
+        if _shuffled(point) and _per_worker(gr) != _per_worker(tr):
+            clause = "order.epoch_shuffle"  # another permutation: which worker fetches a sample follows it
+        shown = "; " + why if why and clause == "order.registration" else ""
         add(clause, f"epoch {e}, batch {k}: expected {_at(want, k)}, got {_at(have, k)} (the same batches in "
-                    f"another order{'; ' + why if why else ''})")
+                    f"another order{shown})")
     elif moved:
         add("order.registration", f"epoch {e}: the same batches in torch's order, from other workers: {why}")
     else:  # what a worker drew follows from its seed and from the samples it fetched: judged where those are torch's

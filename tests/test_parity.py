@@ -4,6 +4,7 @@ over drawn points, differing nowhere (the judge's truth is torch: a difference t
 suite's bug)."""
 
 import collections
+import dataclasses
 import multiprocessing
 import os
 import random
@@ -72,6 +73,20 @@ def test_each_difference_is_reported_under_its_clause_saying_what_differed(got, 
     other = _obs([got or truth.epochs[0]], [records or truth.records[0]])
     (diff,) = parity.compare(DEFAULT, truth, other)
     assert diff.clause == clause and said in diff.text and diff.text.startswith("epoch 1"), diff
+
+
+def test_a_shuffled_order_is_told_from_a_worker_relabelling():
+    """Unbatched and shuffled, another permutation also moves samples between workers: it is the
+    order's fault; the same per-worker fetches under other worker ids are registration's."""
+    point = dataclasses.replace(DEFAULT, batch_size=None, shuffle=True, length=4)
+    truth = _obs([[("int", 2), ("int", 0), ("int", 3), ("int", 1)]],
+                 [[_rec(2, 0), _rec(0, 1), _rec(3, 0), _rec(1, 1)]])
+    permuted = _obs([[("int", 0), ("int", 1), ("int", 2), ("int", 3)]],
+                    [[_rec(0, 0), _rec(1, 1), _rec(2, 0), _rec(3, 1)]])
+    relabelled = _obs([[("int", 0), ("int", 2), ("int", 1), ("int", 3)]],
+                      [[_rec(2, 1, pid=0), _rec(0, 0, pid=2), _rec(3, 1, pid=0), _rec(1, 0, pid=2)]])
+    assert [d.clause for d in parity.compare(point, truth, permuted)][:1] == ["order.epoch_shuffle"]
+    assert [d.clause for d in parity.compare(point, truth, relabelled)][:1] == ["order.registration"]
 
 
 def test_errors_persistence_prefetch_and_transfer_are_attributed():
