@@ -355,6 +355,8 @@ def _compare_draws(point: Point, e: int, tr: list[tuple], gr: list[tuple], add) 
 # --- one point, both loaders ------------------------------------------------------------------
 
 OBSERVED = pytest.StashKey[dict]()
+#: torch's truth per (start method, point): the same whichever loader is judged against it
+TRUTHS = pytest.StashKey[dict]()
 
 
 def schedule_plan(point: Point) -> FaultPlan | None:
@@ -392,7 +394,17 @@ def _no_accelerator_warning():
         yield
 
 
-def _torch_run(env, point: Point) -> Observation:
+def _truth(env, point: Point) -> Observation:
+    """torch's run at ``point`` in the check's context, once per session (a batch of loaders, or
+    one loader's contexts that share a start method, is judged against one run)."""
+    method = "forkserver" if env.context_name == "spawn" else env.context_name
+    truths = env.request.config.stash.setdefault(TRUTHS, {})
+    if (method, point) not in truths:
+        truths[(method, point)] = _torch_run(env, point, method)
+    return truths[(method, point)]
+
+
+def _torch_run(env, point: Point, method: str) -> Observation:
     import multiprocessing
 
     from torch.utils.data import DataLoader
@@ -401,7 +413,6 @@ def _torch_run(env, point: Point) -> Observation:
     from pytest_workerstart.harness.forkserver import warm_forkserver
     from pytest_workerstart.probes.deadline import deadline
 
-    method = "forkserver" if env.context_name == "spawn" else env.context_name
     if method == "forkserver":
         warm_forkserver()
     ctx = multiprocessing.get_context(method)
@@ -443,7 +454,7 @@ def differences(env, point: Point) -> list[Difference]:
             record_measurements(env.request.node, observed_in=origin,
                                 **({"workers_forked_by": forked_by} if forked_by else {}))
         return diffs
-    truth = _torch_run(env, point)
+    truth = _truth(env, point)
     ctx = env.context(point.num_workers, faults=schedule_plan(point))
     try:
         diffs = compare(point, truth, _loader_run(env, point, ctx))

@@ -4,7 +4,8 @@ a broken loader whose defect lives in one region of a check's space?
 One suite run per seed judges every loader given (each in its own embedded module, as a
 project would embed the checks), only the explored case of the check each one targets, in one
 context. A loader is found in a run when its explored case failed. Corners are not run: this
-measures the explorer alone (docs/contract.md#configuration-space).
+measures the explorer alone (docs/contract.md#configuration-space). ``--profile quick`` runs
+the quick profile's corners instead (no seed enters them: one run says what every run finds).
 
     python -m pytest_workerstart.bench explore-power --seeds 20 --context fork --json power.json
 """
@@ -19,9 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
-#: loader name (in fixtures.broken.regional) -> the check whose explored case must find it
-DEFAULT = ("DropsLastTwice", "RepeatsWhenOutOfOrder", "AssumesEvenShards", "ReplaysABatchAfterTheFirstEpoch")
-MODULE = "pytest_workerstart.fixtures.broken.regional"
+
+def _regional() -> list[str]:
+    """Every broken loader whose defect lives in one region of its check's space."""
+    from pytest_workerstart.fixtures.broken import catalog
+
+    return [name for name, c in catalog.load()[0].items() if c.region is not None]
 
 
 def _source(spec: str, check_id: str) -> str:
@@ -36,7 +40,7 @@ def _source(spec: str, check_id: str) -> str:
                       f"    return {spec!r}", ""])
 
 
-def run(loaders: list[str], seeds: list[int], context: str, budget: float | None) -> dict:
+def run(loaders: list[str], seeds: list[int], context: str, budget: float | None, profile: str = "full") -> dict:
     from pytest_workerstart.fixtures.broken import catalog
 
     catches, _ = catalog.load()
@@ -47,8 +51,9 @@ def run(loaders: list[str], seeds: list[int], context: str, budget: float | None
                 (Path(d) / f"test_power_{name}.py").write_text(_source(catches[name].spec, catches[name].targets[0]))
             out = Path(d) / "verdict.json"
             cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--workerstart-context={context}",
-                   "--workerstart-profile=full", "--workerstart-preflight=false", f"--workerstart-explore-seed={seed}",
-                   "--workerstart-circuit-breaker=0", "-k", "explore", f"--workerstart-json={out}"]
+                   f"--workerstart-profile={profile}", "--workerstart-preflight=false",
+                   f"--workerstart-explore-seed={seed}", "--workerstart-circuit-breaker=0",
+                   "-k", "explore" if profile == "full" else "_at", f"--workerstart-json={out}"]
             if budget is not None:
                 cmd.append(f"--workerstart-explore={budget:g}")
             t0 = time.monotonic()
@@ -56,28 +61,34 @@ def run(loaders: list[str], seeds: list[int], context: str, budget: float | None
             wall = time.monotonic() - t0
             checks = json.loads(out.read_text())["checks"] if out.exists() else []
         for name in loaders:
-            case = next((c for c in checks if f"test_power_{name}.py::" in c["nodeid"]), None)
+            cases = [c for c in checks if f"test_power_{name}.py::" in c["nodeid"]]
+            case = next((c for c in cases if c["outcome"] == "failed"), cases[0] if cases else None)
             ex = ((case or {}).get("measurements") or {}).get("exploration") or {}
             drawn_to_find = None
-            if case and case["outcome"] == "failed":
+            if case and case["outcome"] == "failed" and ex:
                 judged = case["measurements"]["points"]
                 drawn = [p for p in judged if p["origin"] == "drawn"]
                 drawn_to_find = next((k + 1 for k, p in enumerate(drawn) if p["outcome"] == "failed"), None)
             rows.append({"loader": name, "seed": seed, "outcome": case["outcome"] if case else None,
                          "found": bool(case and case["outcome"] == "failed"), "drawn": ex.get("drawn"),
-                         "drawn_to_find": drawn_to_find, "failing_point": ex.get("failing_point"),
+                         "drawn_to_find": drawn_to_find, "failing_point": ex.get("failing_point")
+                         or (((case or {}).get("measurements") or {}).get("points") or [{}])[0].get("point"),
                          "case_s": case["duration_s"] if case else None, "run_wall_s": round(wall, 1)})
         print(f"seed {seed}: " + ", ".join(f"{r['loader']} {'found' if r['found'] else r['outcome']}"
                                            for r in rows[-len(loaders):]), file=sys.stderr, flush=True)
-    return {"context": context, "budget_s": budget, "seeds": seeds, "rows": rows}
+    return {"context": context, "profile": profile, "budget_s": budget, "seeds": seeds, "rows": rows}
 
 
 def table(result: dict) -> str:
     from pytest_workerstart.settings import DEFAULT_EXPLORE_S
 
     budget = result["budget_s"] if result["budget_s"] is not None else DEFAULT_EXPLORE_S
-    lines = [f"Explorer power under {result['context']}, {budget:g} s budget, seeds "
-             f"{min(result['seeds'])}..{max(result['seeds'])}:", "",
+    if result.get("profile", "full") == "full":
+        head = f"Explorer power under {result['context']}, {budget:g} s budget, seeds " \
+               f"{min(result['seeds'])}..{max(result['seeds'])}:"
+    else:
+        head = f"The {result['profile']} profile's corners under {result['context']} (no seed enters them):"
+    lines = [head, "",
              "| loader | found | points drawn until found (median, max) | shrunk to (most often) |",
              "|---|---|---|---|"]
     by: dict[str, list[dict]] = {}
@@ -95,14 +106,18 @@ def table(result: dict) -> str:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m pytest_workerstart.bench explore-power")
-    p.add_argument("--loader", nargs="+", default=list(DEFAULT), help=f"broken loaders of {MODULE}")
+    p.add_argument("--loader", nargs="+", default=None, help="broken loaders of the catalog (default: every "
+                   "region-confined one)")
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument("--first-seed", type=int, default=1)
     p.add_argument("--context", default="fork", choices=("fork", "forkserver", "spawn"))
     p.add_argument("--budget", type=float, default=None, help="seconds (default: the full profile's)")
+    p.add_argument("--profile", default="full", choices=("full", "quick"),
+                   help="full: the explored cases alone; quick: the quick profile's corners")
     p.add_argument("--json", required=True)
     a = p.parse_args(argv)
-    result = run(a.loader, list(range(a.first_seed, a.first_seed + a.seeds)), a.context, a.budget)
+    seeds = list(range(a.first_seed, a.first_seed + (a.seeds if a.profile == "full" else 1)))
+    result = run(a.loader or _regional(), seeds, a.context, a.budget, a.profile)
     Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
     sys.stdout.write(table(result))
     return 0
