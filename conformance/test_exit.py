@@ -4,7 +4,8 @@ Judged from outside a scenario interpreter (forked from the suite's preloaded
 zygote, :mod:`pytest_workerstart.harness.zygote`; see
 :mod:`pytest_workerstart.harness.clean_exit`): exit status 0, nothing at all on
 stderr (no ``resource_tracker: There appear to be N leaked semaphore objects``, no
-``Exception ignored in``, no warning), and nothing it started still running
+``Exception ignored in``, no warning) from the loader's first build on (what importing its
+packages printed before is reported as ``stderr_before_build``, not judged), and nothing it started still running
 ``--workerstart-exit-timeout`` seconds after it exited. The truth is the
 interpreter's own exit status and output, not anything the loader reports.
 """
@@ -16,6 +17,7 @@ from pytest_workerstart.cores import usable_cores
 from pytest_workerstart.harness.clean_exit import CleanExit
 from pytest_workerstart.harness.lookahead import planned_scenario
 from pytest_workerstart.scenarios.clean_exit import scenario_clean_exit
+from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check
 N = 2
@@ -41,5 +43,8 @@ def _plan(env, ending):
 @planned_scenario(_plan)
 @pytest.mark.parametrize("ending", ENDINGS)
 def test_clean_interpreter(check_env, ending):
-    problems = CleanExit(check_env.scenario_result()).problems()
+    ended = CleanExit(check_env.scenario_result())
+    if ended.before_build.strip():
+        record_measurements(check_env.request.node, stderr_before_build=ended.before_build.strip()[-600:])
+    problems = ended.problems()
     assert not problems, f"after {ending.replace('_', ' ')}: " + "; ".join(problems)

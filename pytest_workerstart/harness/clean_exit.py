@@ -29,6 +29,18 @@ class CleanExit:
         return self.result.stderr
 
     @property
+    def before_build(self) -> str:
+        """What was written to stderr before the loader was first built (importing its packages):
+        reported, not judged. Empty where the scenario did not say where its build began."""
+        offset = (self.result.value or {}).get("stderr_before_build") if isinstance(self.result.value, dict) else None
+        return self.stderr.encode()[:offset].decode(errors="replace") if offset else ""
+
+    @property
+    def judged_stderr(self) -> str:
+        """stderr from the loader's first build on (all of it where the build was not marked)."""
+        return self.stderr.encode()[len(self.before_build.encode()):].decode(errors="replace")
+
+    @property
     def leftovers(self) -> list[str]:
         return self.result.leftovers
 
@@ -44,8 +56,8 @@ class CleanExit:
         out = []
         if r.returncode != 0:
             out.append(f"the interpreter exited with status {r.returncode}")
-        if r.stderr.strip():
-            lines = r.stderr.strip().splitlines()
+        if self.judged_stderr.strip():
+            lines = self.judged_stderr.strip().splitlines()
             out.append(f"stderr is not empty ({len(lines)} lines): " + " | ".join(lines[:6])[:600])
         if r.leftovers:
             out.append(f"{len(r.leftovers)} processes outlived the interpreter: " + "; ".join(r.leftovers)[:600])

@@ -31,6 +31,7 @@ def scenario_clean_exit(loader: dict, context: str, ending: str, num_workers: in
     from pytest_workerstart.fixtures.datasets import WorkerTagDataset
 
     under_test = scenarios.rebuild(loader, context)
+    before_build = _stderr_offset()  # what importing the loader's packages printed is not exit noise
     kw: dict[str, Any] = {}
     if ending == "persistent":
         kw = {"persistent_workers": True, "pin_memory": torch.accelerator.is_available()}
@@ -62,4 +63,15 @@ def scenario_clean_exit(loader: dict, context: str, ending: str, num_workers: in
             raise AssertionError("the SIGINT sent to the process group raised no KeyboardInterrupt")
     else:
         raise ValueError(f"unknown ending {ending!r}")
-    return {"batches": batches}
+    return {"batches": batches, "stderr_before_build": before_build}
+
+
+def _stderr_offset() -> int | None:
+    """Bytes written to stderr so far (None where it is not a file)."""
+    import sys
+
+    sys.stderr.flush()
+    try:
+        return os.lseek(2, 0, os.SEEK_CUR)
+    except OSError:
+        return None
