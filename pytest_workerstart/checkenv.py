@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
+import re
 import sys
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
@@ -87,6 +89,17 @@ class CheckEnv:
     shutdown_failure: StepAborted | None = None
     #: /dev/shm entries the suite unlinked after a step was stopped (:meth:`stop_tree`)
     cleaned_shm: list = dataclasses.field(default_factory=list)
+    #: what the check's processes (this one and its session's descendants) create in /dev/shm
+    _watch: shm.ShmWatch | None = None
+
+    def watch_shm(self) -> None:
+        """Attribute what the check's processes create in /dev/shm, for :meth:`close` to remove:
+        sampled on the clock and whenever an entry other than torch's per-batch ones appears; not
+        the scenarios' sessions (their runner watches and cleans them), nor another job's."""
+        session = os.getsid(0)
+        self._watch = shm.ShmWatch(interval=1.0, member=lambda pid: _session_of(pid) == session, quiet=QUIET_SHM)
+        self._watch.__enter__()
+        self._shm_before = self._watch.before
 
     # --- bounded steps -------------------------------------------------------
     def step(self, name: str, fn: Callable[[], Any], num_workers: int, ctx: InstrumentedContext | None,
@@ -204,6 +217,7 @@ class CheckEnv:
         res = (lookahead.run_now(self.request.node, self) if self.lookahead is None
                else self.lookahead.result(self.request.node, self))
         space.note(getattr(res, "built", ()))  # a result type that records no builds lists none
+        self.cleaned_shm.extend(getattr(res, "shm_named", ()))  # reported at teardown with the rest
         return res
 
     def memory_guard(self) -> Callable[[], str | None]:
@@ -341,9 +355,16 @@ class CheckEnv:
         # Workers still alive now outlived every judgement (an interrupted or stopped step whose
         # error was swallowed on the way, a loader that never stops them): stopped like a step.
         stopped = [done for done in (self.stop_tree(ctx) for ctx in self._contexts) if done]
+        # ... and what else this check's processes created and left there, whatever the check
+        # judged (a driver's segment never unlinked, a torch segment whose worker died first)
         left: dict[str, int] = {}
+        if self._watch is not None:
+            self._watch.pids.update(r.pid for ctx in self._contexts for r in ctx.records() if r.pid)
+            self._watch.__exit__(None, None, None)
+            left = self._watch.created()
         for ctx in self._contexts:
-            left.update({n: i for n, i in ctx.shm_at_exit().items() if not n.startswith("sem.")})
+            left.update(ctx.shm_at_exit())
+        left = {n: i for n, i in left.items() if not n.startswith("sem.")}
         gone = cleanup.unlink_created_since(self._shm_before, left) if left else []
         forked_by = set().union(*(ctx.forked_by() for ctx in self._contexts))
         if forked_by and self.request is not None:
@@ -351,14 +372,26 @@ class CheckEnv:
         if stopped and self.request is not None:
             self.request.node.add_report_section("teardown", "workerstart",
                                                  "at teardown the suite " + "; ".join(stopped))
-        if gone:
+        if gone and self.request is not None:
             self.request.node.add_report_section(
-                "teardown", "workerstart", f"unlinked {len(gone)} /dev/shm entries the loader's workers left: "
+                "teardown", "workerstart", f"unlinked {len(gone)} /dev/shm entries the loader's processes left: "
                 + ", ".join(gone))
-        if self.cleaned_shm and self.request is not None:
+        if (self.cleaned_shm or gone) and self.request is not None:
             record_measurements(self.request.node, shm_unlinked_by_suite=sorted(set(self.cleaned_shm) | set(gone)))
         for ctx in self._contexts:
             ctx.close()
+
+
+#: /dev/shm names whose appearance wakes no sample of a check's tree: torch's per-batch segments
+#: (named for their creator) and named semaphores (the resource tracker's to unlink)
+QUIET_SHM = re.compile(rf"{shm.TORCH_FD_NAME.pattern}|^sem\.")
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
 
 
 def unlinked(names: list[str]) -> str:
@@ -377,6 +410,7 @@ def check_env(request, ws_context, ws_loader, ws_settings, ws_step_timeout, ws_b
     if gap:
         pytest.skip(gap)
     env = CheckEnv(ws_context, ws_loader, ws_settings, request, ws_step_timeout, ws_boot_cost, lookahead=ws_lookahead)
+    env.watch_shm()
     with space.recording() as built:
         yield env
     record_fixed_points(request.node, built)

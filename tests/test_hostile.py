@@ -219,3 +219,45 @@ def test_sigterm_during_a_stalled_release_leaves_nothing(shm_watch, tmp_path):
     assert data["outcome"] != "running", data
     time.sleep(1.0)
     assert _leftovers(shm_watch) == ([], [])
+
+
+LEAVES_SHM = """
+import os
+from multiprocessing import resource_tracker, shared_memory
+
+from torch.utils.data import DataLoader
+
+
+def _leave(worker_id):  # what torch's fd sharing leaves when its worker dies between create and unlink
+    open(f"/dev/shm/torch_{os.getpid()}_{os.getpid() % 9973}_{worker_id}", "wb").close()
+
+
+class LeavesShm(DataLoader):
+    held = []
+
+    def __init__(self, dataset, **kwargs):
+        kwargs.setdefault("worker_init_fn", _leave)
+        super().__init__(dataset, **kwargs)
+
+    def __iter__(self):  # a driver-side segment per iterator, never unlinked, unknown to the tracker
+        seg = shared_memory.SharedMemory(create=True, size=4096)
+        resource_tracker.unregister(seg._name, "shared_memory")
+        self.held.append(seg)
+        return super().__iter__()
+"""
+
+
+@pytest.mark.timeout(LIMIT_S)
+def test_what_a_passing_check_left_in_dev_shm_is_removed_and_reported(pytester, run_suite, shm_watch):
+    """Whatever a check judges, its teardown removes the /dev/shm entries the loader's processes
+    created and left (a driver's segment, a torch_<pid> entry named for a worker of the check), and
+    the case says so."""
+    pytester.makepyfile(leavesshm=LEAVES_SHM)
+    v = run_suite("--workerstart-context=fork", "--workerstart-profile=quick", "--workerstart-preflight=false",
+                  "-k", "start.default_serial", "--workerstart-loader=leavesshm:LeavesShm")
+    (case,) = v.data["checks"]
+    assert case["outcome"] == "passed", case
+    unlinked = case["measurements"]["shm_unlinked_by_suite"]
+    assert any(n.startswith("psm_") for n in unlinked) and any(n.startswith("torch_") for n in unlinked), unlinked
+    assert not set(unlinked) & set(os.listdir("/dev/shm"))
+    assert _leftovers(shm_watch) == ([], [])

@@ -58,6 +58,9 @@ class ScenarioResult:
     leftovers: list[str] = dataclasses.field(default_factory=list)
     #: /dev/shm entries the scenario's tree created and left (unlinked by the runner)
     shm_left: list[str] = dataclasses.field(default_factory=list)
+    #: torch's segments named for a process of the scenario's tree that died before unlinking them
+    #: (unlinked by the runner; reported, not judged)
+    shm_named: list[str] = dataclasses.field(default_factory=list)
     #: the points of the loaders the scenario built (:func:`pytest_workerstart.space.recording`)
     built: list[str] = dataclasses.field(default_factory=list)
 
@@ -139,9 +142,9 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     ``exit_grace``: once the interpreter has exited, how long what it started
     (workers, a forkserver, the resource tracker, which prints its leak warnings
     then) may take to go by itself; only what is still there counts as ``leftovers``."""
-    from pytest_workerstart.harness.cleanup import unlink_left
+    from pytest_workerstart.harness.cleanup import unlink_created_since, unlink_left
     from pytest_workerstart.probes.deadline import GUARD_EVERY_S, memory_limit_bytes, tree_memory_over
-    from pytest_workerstart.probes.shm import ShmWatch
+    from pytest_workerstart.probes.shm import ShmWatch, named_for
 
     workdir = Path(tempfile.mkdtemp(prefix="workerstart-scenario-"))
     result_path = workdir / "result.json"
@@ -212,6 +215,7 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     res.stderr = stderr
     res.leftovers = leftovers
     res.shm_left = unlink_left(shm)
+    res.shm_named = unlink_created_since(shm.before, named_for(shm.pids, shm.before))
     return res
 
 

@@ -18,6 +18,9 @@ import psutil
 
 #: the names multiprocessing and torch give their entries
 SHM_PATTERN = re.compile(r"^(sem\.mp-|torch_|psm_|wnsm_|mp-)")
+#: torch's file-descriptor sharing names a segment after the pid that creates it and unlinks it
+#: at once: one is left only when its creator dies in between, unmapped, and is known by its name
+TORCH_FD_NAME = re.compile(r"^torch_(\d+)_")
 
 
 def inodes_of(pid: int | str) -> set[int]:
@@ -101,12 +104,17 @@ class ShmWatch:
     """
 
     def __init__(self, interval: float = 0.05, root: int | None = None,
-                 also: Callable[[], Iterable[int]] | None = None, eager: bool = True):
+                 also: Callable[[], Iterable[int]] | None = None, eager: bool = True,
+                 member: Callable[[int], bool] | None = None, quiet: re.Pattern | None = None):
         self.interval = interval
         self.eager = eager  # also sample whenever an entry appears (False: on the clock only)
         self.root = root  # the tree's root pid (default: this process)
         self.also = also  # more members, e.g. a scenario's session, orphans included
+        self.member = member  # which of root's descendants belong to the tree (default: all)
+        self.quiet = quiet  # names whose appearance alone wakes no sample
         self.seen: dict[str, int] = {}
+        #: every pid a sample found in the tree: the creators :func:`named_for` recognises
+        self.pids: set[int] = set()
         self.before: dict[str, int] = {}  # every entry when the block began: never the tree's
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -115,11 +123,13 @@ class ShmWatch:
     def _sample(self) -> None:
         pids = [self.root or os.getpid()]
         try:
-            pids += [c.pid for c in psutil.Process(pids[0]).children(recursive=True)]
+            pids += [c.pid for c in psutil.Process(pids[0]).children(recursive=True)
+                     if self.member is None or self.member(c.pid)]
         except psutil.Error:
             pass
         if self.also is not None:
             pids += list(self.also())
+        self.pids.update(int(p) for p in pids)
         self.note(shm_entries_mapped_by(pids))
 
     def note(self, entries: dict[str, int]) -> None:
@@ -145,7 +155,9 @@ class ShmWatch:
                 if notify is None:
                     self._stop.wait(self.interval)
                 else:
-                    notify.read(timeout=int(self.interval * 1000))  # wakes as soon as an entry appears
+                    events = notify.read(timeout=int(self.interval * 1000))  # wakes as soon as an entry appears
+                    if events and self.quiet is not None and all(self.quiet.match(e.name) for e in events):
+                        continue
                 self._sample()
         finally:
             if notify is not None:
@@ -163,6 +175,11 @@ class ShmWatch:
             self._thread.join()
         self._sample()
 
+    def created(self) -> dict[str, int]:
+        """The tree's entries: those a sample saw it map or hold, and torch's named for one of its pids."""
+        with self._lock:
+            return {**named_for(self.pids, self.before), **self.seen}
+
     def left(self, timeout: float = 0.0) -> list[str]:
         """Seen entries that still exist (same inode), polled until none or ``timeout``."""
         deadline = time.monotonic() + timeout
@@ -172,3 +189,11 @@ class ShmWatch:
             if not left or time.monotonic() >= deadline:
                 return left
             time.sleep(0.1)
+
+
+def named_for(pids: Iterable[int], before: dict[str, int]) -> dict[str, int]:
+    """Entries created since ``before`` whose name says one of ``pids`` created them (torch's
+    ``torch_<pid>_...``), name -> inode."""
+    pids = {int(p) for p in pids}
+    return {name: ino for name, ino in shm_entries().items()
+            if before.get(name) != ino and (m := TORCH_FD_NAME.match(name)) and int(m.group(1)) in pids}
