@@ -12,9 +12,11 @@ import gc
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
+import psutil
 import pytest
 
 from pytest_workerstart import space
@@ -183,12 +185,15 @@ class CheckEnv:
         from the cyclic garbage collector: a traceback holds the iterator) gets the failure
         patience, as every wait after a failure does. Not counted by the circuit breaker:
         the patience, not a step deadline, bounds it."""
-        if self.request is not None:  # what a stall of a fixed length must exceed to be seen
+        if self.request is not None:  # the wall-time bound; a stall within it is judged by its mechanism
             record_measurements(self.request.node, release_bound_s=round(self.leak_patience, 1))
+        began = time.monotonic()
         try:
             self.step(RELEASE_STEP, held.release, num_workers, ctx, timeout=self.leak_patience)
         finally:
             self.last_step_error = None
+        if ctx is not None:
+            _judge_release(ctx, time.monotonic() - began)
 
     def raise_shutdown_failure(self) -> None:
         """Fail the check if an iterator's shutdown hung: a loader that does not shut down has not passed."""
@@ -380,6 +385,30 @@ class CheckEnv:
             record_measurements(self.request.node, shm_unlinked_by_suite=sorted(set(self.cleaned_shm) | set(gone)))
         for ctx in self._contexts:
             ctx.close()
+
+
+def _judge_release(ctx: InstrumentedContext, took: float) -> None:
+    """A shutdown that outlasted a join's timeout (torch's: each worker's join waits this long,
+    then the worker is terminated) and left ready workers ended by a signal, not by their own
+    loop's end, waited that timeout out: a stall, whatever the wall-time bound (which grows with
+    the boot cost) allowed. Judged from what the workers did, not from how long it took."""
+    from pytest_workerstart._torch_internals import MP_STATUS_CHECK_INTERVAL as join_s
+
+    if took < join_s:
+        return
+    killed = [r.worker for r in ctx.records() if r.ready is not None and r.exited is None and not _alive(r.pid)]
+    if killed:
+        pytest.fail(f"the shutdown after the error was released took {took:.1f} s and ended worker"
+                    f"{'s' if len(killed) > 1 else ''} {', '.join(map(str, killed))} by a signal, not by the end of "
+                    f"its work: it waited out a join's {join_s:g} s timeout (torch's) instead of ending them",
+                    pytrace=False)
+
+
+def _alive(pid: int | None) -> bool:
+    try:
+        return pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 #: /dev/shm names whose appearance wakes no sample of a check's tree: torch's per-batch segments

@@ -104,3 +104,40 @@ def test_releasing_an_error_is_bounded_by_the_patience_and_names_the_step(monkey
     # the patience bounds it, not a step deadline: the circuit breaker does not count it
     assert env.last_step_error is None and env.failure_signature(got.value) is None
     env.release_held(_SlowToRelease(0.0), num_workers=2)  # within the bound: nothing to say
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("torch_process_state")
+@pytest.mark.parametrize("stalls", [True, False])
+def test_a_release_that_waits_out_a_join_is_caught_however_long_its_bound(monkeypatch, stalls):
+    """torch's own shutdown after a worker_init_fn error (the stall of StallsReleasingWorkerErrors:
+    each join waits 5 s, then the worker is terminated) fails the release even where the wall-time
+    bound is far above it (a busy machine's); the reference's release, which ends its workers, passes."""
+    from torch.utils.data import DataLoader
+
+    from pytest_workerstart.checkenv import CheckEnv, HeldException
+    from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+    from pytest_workerstart.probes.faults import FaultPlan
+    from pytest_workerstart.reference import ParallelStartDataLoader
+
+    monkeypatch.setattr(leaks, "PATIENCE_FLOOR_S", 60.0)  # what a busy machine's boot cost makes it
+    env = CheckEnv("fork", None, types.SimpleNamespace(memory_limit=None), None, step_timeout=lambda n: 60.0,
+                   boot_cost=lambda: 0.0)
+    ctx = env.context(2)
+    loader = (DataLoader if stalls else ParallelStartDataLoader)(
+        WorkerTagDataset(8), num_workers=2, multiprocessing_context=ctx, worker_init_fn=FaultPlan.worker_init_fn(1))
+    try:
+        for _ in loader:
+            pass
+    except Exception as exc:
+        held = HeldException(exc)
+        del exc
+    try:
+        if stalls:
+            with pytest.raises(pytest.fail.Exception, match=r"ended worker.* by a signal.*join's 5 s timeout"):
+                env.release_held(held, num_workers=2, ctx=ctx)
+        else:
+            env.release_held(held, num_workers=2, ctx=ctx)
+    finally:
+        env.close()

@@ -35,7 +35,9 @@ def replay(case: dict, cwd: Path, runs: int) -> list[str]:
             subprocess.run([sys.executable, "-m", *args, "-p", "no:cacheprovider", f"--workerstart-json={out}"],
                            cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
             checks = json.loads(out.read_text())["checks"] if out.exists() else []
-            outcomes.append(checks[0]["outcome"] if len(checks) == 1 else f"{len(checks)} cases")
+            outcomes.append((checks[0]["outcome"] if checks[0]["outcome"] == "failed"
+                             else f"{checks[0]['outcome']}: {checks[0]['reason'][:200]}")
+                            if len(checks) == 1 else f"{len(checks)} cases")
     return outcomes
 
 

@@ -234,6 +234,8 @@ class InstrumentedContext(BaseContext):
                 except ValueError:
                     continue  # a child killed mid-write
                 rec = self._recorder.records.get((ev["g"], ev["w"]))
+                if rec is not None and ev["ev"] == "exit":
+                    rec.exited = ev["t"]
                 if rec is not None and ev["ev"] in ("boot", "ready"):
                     setattr(rec, ev["ev"], ev["t"])
                     rec.pid = rec.pid or ev["pid"]

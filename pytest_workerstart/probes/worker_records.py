@@ -25,6 +25,8 @@ class WorkerRecord:
     boot: float | None = None
     ready: float | None = None
     exitcode: int | None = None
+    #: when the worker's target returned or raised (None: it has not, or a signal ended it)
+    exited: float | None = None
 
     @property
     def start_duration_unheld(self) -> float | None:
