@@ -60,9 +60,10 @@ test: $(STAMP)
 	exit $$rc
 
 # The differential judge's truth is torch: torch's DataLoader against itself over 200 drawn points per
-# context shows no difference (the self-tests judge 40).
+# context shows no difference (the self-tests judge 40 under fork); spawn's points against the suite's
+# forkserver truth, each booting its workers (about 12 s of CPU a point here).
 parity-torch: $(STAMP)
-	WORKERSTART_TORCH_POINTS=200 WORKERSTART_TORCH_METHODS=fork,forkserver $(PY) -m pytest -p no:cacheprovider -q -n 2 \
+	WORKERSTART_TORCH_POINTS=200 WORKERSTART_TORCH_METHODS=fork,forkserver,spawn $(PY) -m pytest -p no:cacheprovider -q -n 3 \
 	    tests/test_parity.py -k torchs_own_dataloader
 
 # What a user gets from the README's install: the built wheel alone in a fresh venv, from an
