@@ -11,7 +11,8 @@ preloaded forkserver where that is spawn (torch's batches do not depend on the s
 and spawned truths would double the boots).
 
 One observation per loader, context and point serves every clause that judges the point
-(:func:`differences`); the clause's check keeps its own (:func:`judge`).
+(:func:`differences`), and one torch run per start method and point every loader judged in
+the session; the clause's check keeps its own differences (:func:`judge`).
 """
 
 from __future__ import annotations
