@@ -53,7 +53,7 @@ def run(loaders: list[str], seeds: list[int], context: str, budget: float | None
             cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--workerstart-context={context}",
                    f"--workerstart-profile={profile}", "--workerstart-preflight=false",
                    f"--workerstart-explore-seed={seed}", "--workerstart-circuit-breaker=0",
-                   "-k", "explore" if profile == "full" else "_at", f"--workerstart-json={out}"]
+                   "-k", "explore" if profile == "full" else "_at or respects_bound", f"--workerstart-json={out}"]
             if budget is not None:
                 cmd.append(f"--workerstart-explore={budget:g}")
             t0 = time.monotonic()
