@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from tests._env_guard import is_a_check
+pytest.register_assert_rewrite("tests._env_guard")  # a plugin of this conftest, imported here first
+from tests._env_guard import is_a_check  # noqa: E402
 
 #: _env_guard: each self-test leaves process-global state as it found it (fails the one that does not)
 pytest_plugins = ["pytester", "tests._env_guard"]
