@@ -63,6 +63,7 @@ def run(loaders: list[str], seeds: list[int], context: str, budget: float | None
         for name in loaders:
             cases = [c for c in checks if f"test_power_{name}.py::" in c["nodeid"]]
             case = next((c for c in cases if c["outcome"] == "failed"), cases[0] if cases else None)
+            found = bool(case and case["outcome"] == "failed")
             ex = ((case or {}).get("measurements") or {}).get("exploration") or {}
             drawn_to_find = None
             if case and case["outcome"] == "failed" and ex:
@@ -70,9 +71,9 @@ def run(loaders: list[str], seeds: list[int], context: str, budget: float | None
                 drawn = [p for p in judged if p["origin"] == "drawn"]
                 drawn_to_find = next((k + 1 for k, p in enumerate(drawn) if p["outcome"] == "failed"), None)
             rows.append({"loader": name, "seed": seed, "outcome": case["outcome"] if case else None,
-                         "found": bool(case and case["outcome"] == "failed"), "drawn": ex.get("drawn"),
+                         "found": found, "drawn": ex.get("drawn"),
                          "drawn_to_find": drawn_to_find, "failing_point": ex.get("failing_point")
-                         or (((case or {}).get("measurements") or {}).get("points") or [{}])[0].get("point"),
+                         or (case["measurements"]["points"][0]["point"] if found and not ex else None),
                          "case_s": case["duration_s"] if case else None, "run_wall_s": round(wall, 1)})
         print(f"seed {seed}: " + ", ".join(f"{r['loader']} {'found' if r['found'] else r['outcome']}"
                                            for r in rows[-len(loaders):]), file=sys.stderr, flush=True)
