@@ -210,3 +210,18 @@ def test_the_quick_profile_collects_no_explored_case(pytester):
     ids = [line for line in result.stdout.lines if "::" in line]
     assert ids and not [i for i in ids if "explore" in i], ids
     assert any("-wide]" in i for i in ids)
+
+
+def test_replay_failures_picks_every_explored_failure_and_only_those(tmp_path):
+    import json
+
+    from tools.replay_failures import explored_failures
+
+    def case(nodeid, outcome, point=None):
+        return {"nodeid": nodeid, "outcome": outcome, "reproduce": "pytest x",
+                "measurements": {"exploration": {"failing_point": point}} if point else {}}
+
+    verdict = tmp_path / "verdict.json"
+    verdict.write_text(json.dumps({"checks": [case("a-explore]", "failed", "N=2,p=1"), case("b-explore]", "passed"),
+                                              case("c-wide]", "failed"), case("d-explore]", "failed", "N=3,p=2")]}))
+    assert [c["nodeid"] for c in explored_failures(verdict)] == ["a-explore]", "d-explore]"]
