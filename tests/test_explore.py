@@ -3,6 +3,7 @@ space are found, in a fixed corner or by the explorer, and shrunk into their reg
 reference passes every corner and every explored point; the reproduce command replays the
 shrunk point; the verdict lists the points each case judged."""
 
+import json
 import shlex
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pytest_workerstart.fixtures.broken import catalog
 from pytest_workerstart.loader_spec import import_attr
 from pytest_workerstart.reference import ParallelStartDataLoader
 from tests import _batch
+from tools.replay_failures import explored_failures
 
 CATCHES, _ = catalog.load()
 REGIONAL = {name: c for name, c in CATCHES.items() if c.region is not None}
@@ -213,10 +215,6 @@ def test_the_quick_profile_collects_no_explored_case(pytester):
 
 
 def test_replay_failures_picks_every_explored_failure_and_only_those(tmp_path):
-    import json
-
-    from tools.replay_failures import explored_failures
-
     def case(nodeid, outcome, point=None):
         return {"nodeid": nodeid, "outcome": outcome, "reproduce": "pytest x",
                 "measurements": {"exploration": {"failing_point": point}} if point else {}}
