@@ -82,9 +82,9 @@ class CheckEnv:
     boot_cost: Callable[[], float] = lambda: 0.0
     _contexts: list = dataclasses.field(default_factory=list)
     _shm_before: dict = dataclasses.field(default_factory=lambda: shm.shm_entries())
-    #: (step, id, description) of the last error the loader raised inside a bounded
+    #: (step, identity, description) of the last error the loader raised inside a bounded
     #: step; never the exception itself, whose traceback would keep the loader alive
-    last_step_error: tuple[str, int, str] | None = None
+    last_step_error: tuple[str, tuple[int, type], str] | None = None
     #: the session's :class:`~pytest_workerstart.harness.lookahead.ScenarioLookahead` (None: one at a time)
     lookahead: Any = None
     #: an iterator's shutdown that blew its deadline where nothing could raise (a release in ``__del__``)
@@ -124,7 +124,7 @@ class CheckEnv:
             with deadline(name, bound, on_expiry=stacks, guard=self.memory_guard()):
                 return fn()
         except StepAborted as exc:
-            self.last_step_error = (name, id(exc), exc.kind)
+            self.last_step_error = (name, _identity(exc), exc.kind)
             cleaned = self.stop_tree(ctx)
             if cleaned:
                 exc.add_cleanup(cleaned)
@@ -136,7 +136,7 @@ class CheckEnv:
             raise
         except BaseException as exc:
             first = str(exc).splitlines()[0][:120] if str(exc) else ""
-            self.last_step_error = (name, id(exc), f"{type(exc).__name__}: {first}")
+            self.last_step_error = (name, _identity(exc), f"{type(exc).__name__}: {first}")
             raise
 
     def stop_tree(self, ctx: InstrumentedContext | None) -> str:
@@ -199,7 +199,7 @@ class CheckEnv:
         """Fail the check if an iterator's shutdown hung: a loader that does not shut down has not passed."""
         if self.shutdown_failure is not None:
             exc, self.shutdown_failure = self.shutdown_failure, None
-            self.last_step_error = (exc.step, id(exc), exc.kind)  # what the circuit breaker compares
+            self.last_step_error = (exc.step, _identity(exc), exc.kind)  # what the circuit breaker compares
             raise exc
 
     @property
@@ -233,7 +233,7 @@ class CheckEnv:
         if self.last_step_error is None:
             return None
         step, ident, what = self.last_step_error
-        if ident != id(exc):  # the check failed for another reason
+        if ident != _identity(exc):  # the check failed for another reason
             return None
         if what in ("hang", "memory"):
             return f"{what} at {step}"
@@ -414,6 +414,13 @@ def _alive(pid: int | None) -> bool:
 #: /dev/shm names whose appearance wakes no sample of a check's tree: torch's per-batch segments
 #: (named for their creator) and named semaphores (the resource tracker's to unlink)
 QUIET_SHM = re.compile(rf"{shm.TORCH_FD_NAME.pattern}|^sem\.")
+
+
+def _identity(exc: BaseException) -> tuple[int, type]:
+    """An exception's identity without a reference to it: its id alone is reused by the next
+    object allocated where it was (the check's own failure, raised after the loader's error was
+    recorded and dropped), its type with it rarely."""
+    return id(exc), type(exc)
 
 
 def _session_of(pid: int) -> int | None:

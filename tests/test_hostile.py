@@ -174,14 +174,18 @@ def test_a_shutdown_that_hangs_fails_at_its_bound(run_suite, shm_watch):
 def test_a_leaking_loader_stopped_at_its_bound_leaves_nothing(run_suite, shm_watch):
     """Workers that create /dev/shm segments nobody unlinks, and a shutdown after a worker error
     that stalls past the failure patience: in every context the stopped step ends with the
-    cleanup of a normal ending, and the reason says what the suite removed."""
+    cleanup of a normal ending, and the reason says what the suite removed. Where a busy
+    machine's patience outlasts the stall, the release returns and fails as one that waited out
+    its joins; the teardown removes the segments and the case lists them."""
     v = run_suite(f"--workerstart-loader={MODULE}:LeaksShmAndStallsOnError", "--workerstart-profile=full",
                   "--workerstart-preflight=false", "-k", "leaks.shm_segments and worker_error", timeout=LIMIT_S)
     cases = v.data["checks"]
     assert {c["context"] for c in cases} == {"spawn", "forkserver", "fork"}, cases
     assert all(c["outcome"] == "failed" for c in cases), cases
     spawn = next(c for c in cases if c["context"] == "spawn")
-    assert "the suite" in spawn["reason"] and "psm_" in spawn["reason"], spawn
+    unlinked = (spawn.get("measurements") or {}).get("shm_unlinked_by_suite", [])
+    assert ("the suite" in spawn["reason"] and "psm_" in spawn["reason"]) or (
+        "by a signal" in spawn["reason"] and any(n.startswith("psm_") for n in unlinked)), spawn
     time.sleep(1.0)
     assert _leftovers(shm_watch) == ([], [])
 
