@@ -72,7 +72,7 @@ WHEEL_PROFILE ?= quick
 wheel-check: $(STAMP)
 	bash .ci/wheel-check $(WHEEL_PROFILE)
 
-# The flake rate of the self-tests (docs/status.md): every self-test but the speed ones,
+# The flake rate of the self-tests: every self-test but the speed ones,
 # FLAKE_RUNS times under -n 2, each in another random order (pytest-randomly, seeds 1..N),
 # one line per run with its seed, outcome counts and the failed tests, in FLAKE_LOG.
 # pytest-randomly lives outside the venv (.flake-plugins, on PYTHONPATH), and tests/conftest.py takes it
