@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -119,6 +120,7 @@ class ShmWatch:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._wake: tuple[int, int] = (-1, -1)  # a pipe whose write ends the watch's wait at once
 
     def _sample(self) -> None:
         pids = [self.root or os.getpid()]
@@ -154,8 +156,11 @@ class ShmWatch:
             while not self._stop.is_set():
                 if notify is None:
                     self._stop.wait(self.interval)
-                else:
-                    events = notify.read(timeout=int(self.interval * 1000))  # wakes as soon as an entry appears
+                else:  # wakes as soon as an entry appears, or the block ends
+                    ready = select.select([notify.fileno(), self._wake[0]], [], [], self.interval)[0]
+                    if self._wake[0] in ready:
+                        break
+                    events = notify.read(timeout=0) if ready else []
                     if events and self.quiet is not None and all(self.quiet.match(e.name) for e in events):
                         continue
                 self._sample()
@@ -165,6 +170,7 @@ class ShmWatch:
 
     def __enter__(self) -> ShmWatch:
         self.before = shm_entries()
+        self._wake = os.pipe()
         self._thread = threading.Thread(target=self._run, name="workerstart-shm-watch", daemon=True)
         self._thread.start()
         return self
@@ -172,7 +178,11 @@ class ShmWatch:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         if self._thread is not None:
+            os.write(self._wake[1], b"x")
             self._thread.join()
+            self._thread = None
+            for fd in self._wake:
+                os.close(fd)
         self._sample()
 
     def created(self) -> dict[str, int]:
