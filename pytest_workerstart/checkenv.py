@@ -406,7 +406,7 @@ def _judge_release(ctx: InstrumentedContext, took: float) -> None:
 
 def _alive(pid: int | None) -> bool:
     try:
-        return pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return pid is not None and leaks.alive(psutil.Process(pid))
     except psutil.Error:
         return False
 
