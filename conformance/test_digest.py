@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from pytest_workerstart import parity
-from pytest_workerstart.fixtures.datasets import AugmentedDataset, NestedMapDataset, ShardedRange
+from pytest_workerstart.datasets import AugmentedDataset, NestedMapDataset, ShardedRange
 from pytest_workerstart.probes.digest import batch_digest, in_process_truth
 
 check = pytest.mark.workerstart_check

@@ -17,7 +17,7 @@ import torch
 
 from pytest_workerstart import scenarios
 from pytest_workerstart.bounded import batches_of
-from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+from pytest_workerstart.datasets import WorkerTagDataset
 from pytest_workerstart.harness.clean_exit import CleanExit
 from pytest_workerstart.harness.lookahead import planned_scenario
 from pytest_workerstart.probes.faults import (

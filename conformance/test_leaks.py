@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from pytest_workerstart.checkenv import unlinked
-from pytest_workerstart.fixtures.datasets import CorruptItemDataset, WorkerTagDataset
+from pytest_workerstart.datasets import CorruptItemDataset, WorkerTagDataset
 from pytest_workerstart.harness.cleanup import unlink_left
 from pytest_workerstart.probes.deadline import StepAborted
 from pytest_workerstart.probes.leaks import LeakSnapshot

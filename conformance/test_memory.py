@@ -16,7 +16,7 @@ import gc
 import psutil
 import pytest
 
-from pytest_workerstart.fixtures.datasets import PreallocatedDataset
+from pytest_workerstart.datasets import PreallocatedDataset
 from pytest_workerstart.verdict import record_measurements
 
 check = pytest.mark.workerstart_check

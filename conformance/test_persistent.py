@@ -5,7 +5,7 @@ nothing new (the instrumented context counts every Process built)."""
 import pytest
 
 from pytest_workerstart import parity
-from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+from pytest_workerstart.datasets import WorkerTagDataset
 
 check = pytest.mark.workerstart_check
 N = 2

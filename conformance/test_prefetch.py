@@ -11,7 +11,7 @@ import time
 import pytest
 
 from pytest_workerstart import parity
-from pytest_workerstart.fixtures.datasets import CountingDataset
+from pytest_workerstart.datasets import CountingDataset
 
 check = pytest.mark.workerstart_check
 N = 2

@@ -15,7 +15,7 @@ import pickle
 import pytest
 import torch
 
-from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+from pytest_workerstart.datasets import WorkerTagDataset
 
 check = pytest.mark.workerstart_check
 N = 2

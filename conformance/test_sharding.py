@@ -12,7 +12,7 @@ import collections
 import pytest
 
 from pytest_workerstart import distributed, parity, protocol, scenarios
-from pytest_workerstart.fixtures.datasets import ShardedRange
+from pytest_workerstart.datasets import ShardedRange
 from pytest_workerstart.harness.lookahead import planned_scenario
 from pytest_workerstart.space import Point
 

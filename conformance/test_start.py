@@ -11,7 +11,7 @@ import pytest
 
 from pytest_workerstart import explore, protocol, space
 from pytest_workerstart.bounded import batches_of
-from pytest_workerstart.fixtures.datasets import BigPickleDataset, UnpicklableDataset, WorkerTagDataset
+from pytest_workerstart.datasets import BigPickleDataset, UnpicklableDataset, WorkerTagDataset
 from pytest_workerstart.space import Point
 from pytest_workerstart.verdict import record_measurements
 

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from pytest_workerstart import parity
-from pytest_workerstart.fixtures.datasets import NestedMapDataset
+from pytest_workerstart.datasets import NestedMapDataset
 from pytest_workerstart.probes import tensor_origin
 
 check = pytest.mark.workerstart_check

@@ -33,7 +33,7 @@ def run_rank(rank: int, world_size: int, init_method: str, loader: dict, context
     import torch.distributed as dist
     from torch.utils.data.distributed import DistributedSampler
 
-    from pytest_workerstart.fixtures.datasets import ShardedRange, WorkerTagDataset
+    from pytest_workerstart.datasets import ShardedRange, WorkerTagDataset
     from pytest_workerstart.probes.context import InstrumentedContext
     from pytest_workerstart.probes.faults import FaultPlan, describe_chain
     from pytest_workerstart.probes.leaks import LeakSnapshot

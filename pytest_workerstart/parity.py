@@ -3,7 +3,7 @@
 
 Both iterate the point's dataset for its epochs; the batches (values, structure and Python
 types), their order and count, and what each worker did (its id, seed and pid, and one draw
-from torch, ``random`` and NumPy per sample: :mod:`pytest_workerstart.fixtures.parity_data`)
+from torch, ``random`` and NumPy per sample: :mod:`pytest_workerstart.parity_data`)
 are compared. Every difference is attributed to the clause it breaks and says what differed:
 the epoch, the first differing batch, expected against got (shortened), an exception's type
 and message. torch's run is the truth; it runs in the check's context, or under the suite's
@@ -146,7 +146,7 @@ def _tensors(batch: Any, workers: set[int]) -> list[tuple[str, bool, str]]:
 def run(make: Callable[[str], Any], point: Point, log_dir: str, *, workers: Callable[[], set[int]]) -> Observation:
     """Iterate the loader ``make(log_dir)`` builds for the point's epochs; what it raises is recorded,
     not raised (a stopped step, a skip or an interrupt goes through)."""
-    from pytest_workerstart.fixtures.parity_data import read_records
+    from pytest_workerstart.parity_data import read_records
 
     obs, offsets, where = Observation(), {}, "building the loader"
     per_batch = point.batch_size or 1
@@ -410,8 +410,8 @@ def _torch_run(env, point: Point, method: str) -> Observation:
 
     from torch.utils.data import DataLoader
 
-    from pytest_workerstart.fixtures.parity_data import dataset_of, loader_kwargs
     from pytest_workerstart.harness.forkserver import warm_forkserver
+    from pytest_workerstart.parity_data import dataset_of, loader_kwargs
     from pytest_workerstart.probes.deadline import deadline
 
     if method == "forkserver":
@@ -429,7 +429,7 @@ def _torch_run(env, point: Point, method: str) -> Observation:
 
 
 def _loader_run(env, point: Point, ctx) -> Observation:
-    from pytest_workerstart.fixtures.parity_data import dataset_of, loader_kwargs
+    from pytest_workerstart.parity_data import dataset_of, loader_kwargs
 
 
     def make(log_dir: str):

@@ -104,7 +104,7 @@ class Point:
     def loader_kwargs(self) -> dict[str, Any]:
         """The DataLoader keywords of this point that are plain values, beside num_workers and
         parallelism (the objects a point names, such as its sampler, are built by
-        :mod:`pytest_workerstart.fixtures.parity_data`)."""
+        :mod:`pytest_workerstart.parity_data`)."""
         out: dict[str, Any] = {"batch_size": self.batch_size}
         if self.batch_size is not None:
             out["drop_last"] = self.drop_last

@@ -5,7 +5,7 @@ import time
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+from pytest_workerstart.datasets import WorkerTagDataset
 
 
 class LastWorkersOnly(IterableDataset):

@@ -3,7 +3,7 @@ stops (observed: one that never raised let a wrong loader eat 22.8 GB)."""
 
 import pytest
 
-from pytest_workerstart.fixtures import datasets
+from pytest_workerstart import datasets
 
 MAP_STYLE = [datasets.NestedMapDataset(5), datasets.WorkerTagDataset(5), datasets.AugmentedDataset(5),
              datasets.BigPickleDataset(5, payload_kib=1)]

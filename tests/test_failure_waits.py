@@ -117,7 +117,7 @@ def test_a_release_that_waits_out_a_join_is_caught_however_long_its_bound(monkey
     from torch.utils.data import DataLoader
 
     from pytest_workerstart.checkenv import CheckEnv, HeldException
-    from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+    from pytest_workerstart.datasets import WorkerTagDataset
     from pytest_workerstart.probes.faults import FaultPlan
     from pytest_workerstart.reference import ParallelStartDataLoader
 

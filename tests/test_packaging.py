@@ -18,7 +18,7 @@ def test_wheel_contents(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     suite = {Path(n).name for n in names if n.startswith("pytest_workerstart/conformance/")}
     assert {p.name for p in (ROOT / "conformance").glob("*.py")} <= suite, "conformance/ is not all in the wheel"
-    assert "pytest_workerstart/fixtures/datasets.py" in names
+    assert "pytest_workerstart/pytest_workerstart/datasets.py" in names
     assert "pytest_workerstart/fixtures/broken/loaders.py" in names
     assert "pytest_workerstart/verdict.schema.json" in names
     # every subpackage of the source tree is declared in pyproject's package list, so none is left out

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from pytest_workerstart import parity, space
-from pytest_workerstart.fixtures.parity_data import Pair, dataset_of, loader_kwargs, make_sample
+from pytest_workerstart.parity_data import Pair, dataset_of, loader_kwargs, make_sample
 from pytest_workerstart.point import Point
 
 DEFAULT = Point(2, None, "map", 4, 2)

@@ -25,10 +25,13 @@ def test_inert_without_the_flag(pytester):
         def test_plain(request):
             assert request.config.pluginmanager.has_plugin("workerstart")
             assert "torch" not in sys.modules
-            # the plugin, its settings table and their converters, the check registry (stdlib + pytest only)
-            assert {m for m in sys.modules if m.startswith("pytest_workerstart.")} <= {
-                "pytest_workerstart.plugin", "pytest_workerstart.settings", "pytest_workerstart.setting_values",
-                "pytest_workerstart.registry"}
+            assert "numpy" not in sys.modules
+            # the plugin, its settings and the public fixtures with the probes they use: nothing that runs a suite
+            loaded = {m for m in sys.modules if m.startswith("pytest_workerstart.")}
+            assert "pytest_workerstart.fixtures.public" in loaded
+            assert not loaded & {"pytest_workerstart.session", "pytest_workerstart.checkenv",
+                                 "pytest_workerstart.parity", "pytest_workerstart.explore",
+                                 "pytest_workerstart.datasets", "pytest_workerstart.reference"}
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")

@@ -14,7 +14,7 @@ from multiprocessing import forkserver
 import psutil
 import pytest
 
-from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+from pytest_workerstart.datasets import WorkerTagDataset
 from pytest_workerstart.harness.clean_exit import run_clean_exit
 from pytest_workerstart.probes.context import InstrumentedContext
 from pytest_workerstart.reference import ParallelStartDataLoader, private_forkserver
@@ -156,7 +156,7 @@ def test_the_drivers_sys_path_reaches_the_server(tmp_path, monkeypatch):
         import os
         with open({str(tmp_path / 'imports')!r}, "a") as f:
             f.write(f"{{os.getpid()}}\\n")
-        from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+        from pytest_workerstart.datasets import WorkerTagDataset
         class Marked(WorkerTagDataset):
             pass
     """))

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from pytest_workerstart import _torch_internals
-from pytest_workerstart.fixtures.datasets import AugmentedDataset, NestedMapDataset, ShardedRange, WorkerTagDataset
+from pytest_workerstart.datasets import AugmentedDataset, NestedMapDataset, ShardedRange, WorkerTagDataset
 from pytest_workerstart.harness.forkserver import warm_forkserver
 from pytest_workerstart.probes.context import InstrumentedContext
 from pytest_workerstart.probes.digest import batch_digest

@@ -7,8 +7,8 @@ import multiprocessing
 #: Modules the forkserver imports once, so forked workers boot in milliseconds.
 #: Explicit names: the implicit ``__main__`` preload differs across Python
 #: versions (cpython#126631) and the suite must not depend on it.
-FORKSERVER_PRELOAD = ["torch", "torch.utils.data", "pytest_workerstart.fixtures.datasets",
-                      "pytest_workerstart.fixtures.parity_data",
+FORKSERVER_PRELOAD = ["torch", "torch.utils.data", "pytest_workerstart.datasets",
+                      "pytest_workerstart.parity_data",
                       "pytest_workerstart.reference", "pytest_workerstart.probes.context"]
 
 _preloaded = False

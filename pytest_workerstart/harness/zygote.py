@@ -48,7 +48,7 @@ PRELOAD = ("torch", "psutil", "pytest", "pytest_workerstart.scenarios", "pytest_
                                                            "driver_death", "clean_exit")),
            "pytest_workerstart.session.preflight", "pytest_workerstart.harness.forkserver",
            "pytest_workerstart.probes.context", "pytest_workerstart.probes.leaks",
-           "pytest_workerstart.probes.faults", "pytest_workerstart.fixtures.datasets",
+           "pytest_workerstart.probes.faults", "pytest_workerstart.datasets",
            "pytest_workerstart.distributed")
 START_TIMEOUT_S = 120.0
 #: what a fresh interpreter pays for the first preload: one spawn worker's boot

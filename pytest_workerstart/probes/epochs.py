@@ -3,8 +3,8 @@ global generators a worker hands to user code (torch, ``random``, NumPy).
 
 A :class:`Run` is one loader configuration iterated for :data:`EPOCHS` epochs (a fresh
 iterator per epoch, or its persistent workers reused) over a shuffled map-style
-:class:`~pytest_workerstart.fixtures.datasets.RngDrawDataset` or the worker-sharded,
-worker-shuffled :class:`~pytest_workerstart.fixtures.datasets.ShuffledShards`. A stream is
+:class:`~pytest_workerstart.datasets.RngDrawDataset` or the worker-sharded,
+worker-shuffled :class:`~pytest_workerstart.datasets.ShuffledShards`. A stream is
 one list of rows ``(index, worker, torch, random, numpy)`` per epoch. Torch's own streams
 for the same arguments come from torch's ``DataLoader`` in a fresh process
 (:func:`torch_streams`), never from the loader under test. The order clause judges the
@@ -74,7 +74,7 @@ def plan(*, parallel: bool, iterable: bool, persistent: bool) -> list[Run]:
 
 
 def dataset(kind: str):
-    from pytest_workerstart.fixtures.datasets import RngDrawDataset, ShuffledShards
+    from pytest_workerstart.datasets import RngDrawDataset, ShuffledShards
 
     return RngDrawDataset(LENGTH) if kind == "map" else ShuffledShards(LENGTH)
 

@@ -80,7 +80,7 @@ def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, nu
 
 def _child_fault_once(under_test, context: str, fault: str, worker: int, num_workers: int,
                       parallelism: int | None, loader_timeout: float, boot_cost: float, before) -> dict[str, Any]:
-    from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+    from pytest_workerstart.datasets import WorkerTagDataset
     from pytest_workerstart.probes.context import InstrumentedContext
     from pytest_workerstart.probes.faults import FaultPlan
     from pytest_workerstart.probes.leaks import LeakSnapshot, patience

@@ -28,7 +28,7 @@ def scenario_clean_exit(loader: dict, context: str, ending: str, num_workers: in
 
     import torch
 
-    from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+    from pytest_workerstart.datasets import WorkerTagDataset
 
     under_test = scenarios.rebuild(loader, context)
     before_build = _stderr_offset()  # what importing the loader's packages printed is not exit noise

@@ -21,7 +21,7 @@ def scenario_driver(loader: dict, context: str, case: str, num_workers: int, par
     from pathlib import Path
 
     from pytest_workerstart import space
-    from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+    from pytest_workerstart.datasets import WorkerTagDataset
     from pytest_workerstart.probes.context import InstrumentedContext
     from pytest_workerstart.probes.faults import FaultPlan
 

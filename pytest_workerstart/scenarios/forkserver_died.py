@@ -13,7 +13,7 @@ from pytest_workerstart import scenarios
 def scenario_forkserver_died(loader: dict, context: str, persistent: bool, num_workers: int,
                              parallelism: int | None) -> dict[str, Any]:
     """One epoch, SIGKILL to the forkserver, then the next epoch (timed; its hang is the runner's)."""
-    from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+    from pytest_workerstart.datasets import WorkerTagDataset
     from pytest_workerstart.probes.leaks import alive, helpers
 
     under_test = scenarios.rebuild(loader, context)

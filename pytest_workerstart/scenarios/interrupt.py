@@ -14,7 +14,7 @@ from pytest_workerstart import scenarios
 
 def scenario_interrupt(loader: dict, context: str, worker: int, num_workers: int,
                        parallelism: int | None, boot_cost: float) -> dict[str, Any]:
-    from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+    from pytest_workerstart.datasets import WorkerTagDataset
     from pytest_workerstart.probes.context import InstrumentedContext
     from pytest_workerstart.probes.faults import FaultPlan
     from pytest_workerstart.probes.leaks import LeakSnapshot, patience

@@ -35,7 +35,7 @@ def scenario_preflight(loader: dict, context: str, num_workers: int, parallelism
     t0 = time.monotonic()
     under_test = scenarios.rebuild(loader, context)
     boot = time.monotonic() - t0 + import_cost()
-    from pytest_workerstart.fixtures.datasets import WorkerTagDataset
+    from pytest_workerstart.datasets import WorkerTagDataset
 
     dl = under_test.make(WorkerTagDataset(8), num_workers=num_workers, multiprocessing_context=context,
                          parallelism=parallelism, batch_size=2)
