@@ -57,6 +57,30 @@ def record_measurements(node: pytest.Item, **values: Any) -> None:
     node.user_properties.append((MEASUREMENTS, values))
 
 
+def _is_measurement(key: str) -> bool:
+    return key == MEASUREMENTS or key.startswith(f"{MEASUREMENTS}.")
+
+
+def _measured(properties) -> dict[str, Any]:
+    """The measurements among a report's properties, merged (the last value of a name wins):
+    dicts recorded by :func:`record_measurements`, or the JSON properties below."""
+    out: dict[str, Any] = {}
+    for key, value in properties:
+        if key == MEASUREMENTS:
+            out.update(value)
+        elif _is_measurement(key):
+            out[key.partition(".")[2]] = json.loads(value)
+    return out
+
+
+def one_property_per_measurement(properties: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The check's properties with each measurement as one ``workerstart_measurements.NAME``
+    property whose value is JSON: what ``--junitxml`` writes (it writes each value with ``str()``)."""
+    rest = [(key, value) for key, value in properties if not _is_measurement(key)]
+    return rest + [(f"{MEASUREMENTS}.{name}", json.dumps(value, default=str, sort_keys=True))
+                   for name, value in _measured(properties).items()]
+
+
 @dataclasses.dataclass
 class CheckRecord:
     nodeid: str
@@ -78,9 +102,9 @@ class CheckRecord:
     def apply(self, report: pytest.TestReport) -> None:
         """Fold one phase report (setup, call, teardown) into the record."""
         self.duration_s = round(self.duration_s + report.duration, 3)
-        for key, value in getattr(report, "user_properties", ()):
-            if key == MEASUREMENTS:
-                self.measurements = {**(self.measurements or {}), **value}
+        measured = _measured(getattr(report, "user_properties", ()))
+        if measured:
+            self.measurements = {**(self.measurements or {}), **measured}
         if report.when not in ("setup", "call", "teardown"):  # xdist: the worker running it crashed
             self.state, self.outcome = "finished", "error"
             self.reason = f"crashed: {str(report.longrepr).strip().splitlines()[0][:400]}"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_workerstart import registry, report
-from pytest_workerstart.verdict import MEASUREMENTS
+from pytest_workerstart.verdict import one_property_per_measurement
 
 #: GitHub Actions names the job summary file here; the final verdict's table is appended to it
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
@@ -89,12 +89,7 @@ class VerdictReporter:
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         report = yield
         if call.when == "teardown" and item.get_closest_marker("workerstart_check") is not None:
-            # --junitxml writes each property with str(): the measurements once more, merged, as JSON
-            merged: dict[str, Any] = {}
-            for key, value in report.user_properties:
-                if key == MEASUREMENTS:
-                    merged.update(value)
-            report.user_properties.append((f"{MEASUREMENTS}_json", json.dumps(merged, default=str, sort_keys=True)))
+            report.user_properties = one_property_per_measurement(report.user_properties)
         return report
 
     def pytest_runtest_logstart(self, nodeid: str, location) -> None:
