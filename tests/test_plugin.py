@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -227,7 +228,7 @@ def test_capability_declared_on_the_command_line(run_suite):
 
 
 def test_capability_names_are_documented():
-    docs = open(os.path.join(os.path.dirname(__file__), "..", "docs", "contract.md")).read()
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "contract.md").read_text()
     for name in CAPABILITIES:
         assert f"`{name}`" in docs, f"capability {name} is not documented"
 

@@ -205,6 +205,7 @@ class Zygote:
                 else:
                     self._replies[msg["id"]] = msg
                 self._cond.notify_all()
+        self.proc.stdout.close()  # the zygote has exited (its scenarios write elsewhere): the reader owns the pipe
         with self._cond:
             self._gone = True
             self._cond.notify_all()
