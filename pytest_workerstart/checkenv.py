@@ -19,10 +19,13 @@ from typing import Any, TypeVar
 import psutil
 import pytest
 
-from pytest_workerstart import space
+from pytest_workerstart import protocol, registry, space
+from pytest_workerstart._torch_internals import MP_STATUS_CHECK_INTERVAL as join_s
+from pytest_workerstart._torch_internals import forget_killed_workers
 from pytest_workerstart.bounded import BoundedLoader
-from pytest_workerstart.harness import cleanup
+from pytest_workerstart.harness import cleanup, lookahead
 from pytest_workerstart.harness.forkserver import warm_forkserver
+from pytest_workerstart.harness.reaper import Terminated, kill_and_wait, sigchld_ignored
 from pytest_workerstart.probes import leaks, shm
 from pytest_workerstart.probes.context import InstrumentedContext
 from pytest_workerstart.probes.deadline import (
@@ -147,7 +150,6 @@ class CheckEnv:
         them and unlinks them once their holders are gone. Returns what was done, in words."""
         if ctx is None:
             return ""
-        from pytest_workerstart.harness.reaper import kill_and_wait, sigchld_ignored
 
         victims = ctx.worker_tree()
         if not victims:
@@ -156,7 +158,6 @@ class CheckEnv:
         with sigchld_ignored():  # a loader's SIGCHLD handler (torch's) would raise for the workers killed here
             kill_and_wait(victims)
             if "torch.utils.data" in sys.modules:  # ... and at every later SIGCHLD, while their iterator lives
-                from pytest_workerstart._torch_internals import forget_killed_workers
 
                 forget_killed_workers({v.pid for v in victims})
         gone = cleanup.unlink_created_since(self._shm_before, {n: i for n, i in mapped.items()
@@ -217,7 +218,6 @@ class CheckEnv:
 
     def scenario_result(self) -> Any:
         """The result of this check's ``@planned_scenario`` (see :mod:`pytest_workerstart.harness.lookahead`)."""
-        from pytest_workerstart.harness import lookahead
 
         res = (lookahead.run_now(self.request.node, self) if self.lookahead is None
                else self.lookahead.result(self.request.node, self))
@@ -310,8 +310,6 @@ class CheckEnv:
         try:
             fn()
         except BaseException as exc:
-            from pytest_workerstart.harness.reaper import Terminated
-
             if isinstance(exc, (pytest.fail.Exception, pytest.skip.Exception, Terminated)):
                 raise
             return HeldException(exc)
@@ -392,7 +390,6 @@ def _judge_release(ctx: InstrumentedContext, took: float) -> None:
     then the worker is terminated) and left ready workers ended by a signal, not by their own
     loop's end, waited that timeout out: a stall, whatever the wall-time bound (which grows with
     the boot cost) allowed. Judged from what the workers did, not from how long it took."""
-    from pytest_workerstart._torch_internals import MP_STATUS_CHECK_INTERVAL as join_s
 
     if took < join_s:
         return
@@ -439,7 +436,6 @@ def unlinked(names: list[str]) -> str:
 @pytest.fixture
 def check_env(request, ws_context, ws_loader, ws_settings, ws_step_timeout, ws_boot_cost, ws_lookahead):
     """The environment of one check; skips it (with the reason) if the loader lacks what it needs."""
-    from pytest_workerstart import protocol, registry
 
     marker = request.node.get_closest_marker("workerstart_check")
     gap = protocol.requirement_gap(ws_loader, registry.get(marker.args[0]), ws_context) if marker else None

@@ -25,6 +25,13 @@ import sys
 import time
 from typing import Any
 
+from pytest_workerstart import protocol
+from pytest_workerstart.datasets import ShardedRange, WorkerTagDataset
+from pytest_workerstart.probes.context import InstrumentedContext
+from pytest_workerstart.probes.faults import FaultPlan, describe_chain
+from pytest_workerstart.probes.leaks import LeakSnapshot
+from pytest_workerstart.scenarios import rebuild
+
 
 def run_rank(rank: int, world_size: int, init_method: str, loader: dict, context: str, num_workers: int,
              parallelism: int | None, n: int, fail_rank: int | None, pg_timeout: float,
@@ -33,11 +40,6 @@ def run_rank(rank: int, world_size: int, init_method: str, loader: dict, context
     import torch.distributed as dist
     from torch.utils.data.distributed import DistributedSampler
 
-    from pytest_workerstart.datasets import ShardedRange, WorkerTagDataset
-    from pytest_workerstart.probes.context import InstrumentedContext
-    from pytest_workerstart.probes.faults import FaultPlan, describe_chain
-    from pytest_workerstart.probes.leaks import LeakSnapshot
-    from pytest_workerstart.scenarios import rebuild
 
     report: dict[str, Any] = {"rank": rank}
     try:
@@ -204,7 +206,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import torch.distributed as dist
 
-    from pytest_workerstart import protocol
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     under_test = protocol.resolve(args.loader, None, None)
     parallelism = args.parallelism

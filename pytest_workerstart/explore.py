@@ -24,7 +24,11 @@ from collections.abc import Callable
 
 import pytest
 
+from pytest_workerstart import protocol, space
+from pytest_workerstart.cores import usable_cores
+from pytest_workerstart.point import declared_different
 from pytest_workerstart.space import Point
+from pytest_workerstart.verdict import record_measurements
 
 #: Points judged whatever the budget (under spawn: the only draws), so a seed's first
 #: draws are judged on any machine however slow.
@@ -252,7 +256,6 @@ def run_seed(settings) -> int:
 def cases(check_id: str, settings) -> list[str]:
     """The ``ws_point`` case ids pytest collects for ``check_id``: its corners, then the explored case
     where the budget is above 0 or a point is replayed."""
-    from pytest_workerstart import space
 
     sp = space.SPACES[check_id]
     ids = [c.id for c in sp.corners if c.collected]
@@ -262,9 +265,6 @@ def cases(check_id: str, settings) -> list[str]:
 
 
 def limits_for(env):
-    from pytest_workerstart import protocol, space
-    from pytest_workerstart.cores import usable_cores
-
     return space.Limits(usable_cores=usable_cores(), parallel=env.parallel_start_here,
                         persistent=env.loader.has("persistent_workers"),
                         in_order_kwarg=protocol.accepts_kwarg(env.loader.factory, "in_order"),
@@ -315,9 +315,6 @@ def judge_case(env, case: str, judge: Callable[[Point], None],
     stream and never fails: the first of them to explore in a context surveys the stream's draws
     within the budget, and each then judges those same draws (observed once) and shrinks its own
     failure."""
-    from pytest_workerstart import space
-    from pytest_workerstart.cores import usable_cores
-    from pytest_workerstart.verdict import record_measurements
 
     node = env.request.node
     check_id = node.get_closest_marker("workerstart_check").args[0]
@@ -408,8 +405,6 @@ def _surveyed(env, sp, limits, survey: Callable[[Point], None]) -> tuple[int, in
 def _skip_declared(env, sp, point: Point, what: str) -> None:
     """Skip a data-path point the loader declares its own semantics at (``differs_from_torch``):
     the verdict shows it as declared different, not as passed."""
-    from pytest_workerstart.point import declared_different
-    from pytest_workerstart.verdict import record_measurements
 
     hit = declared_different(point, tuple(env.loader.capabilities.get("differs_from_torch", ()))) \
         if sp.stream is not None else []

@@ -103,6 +103,7 @@ def accepts_kwarg(factory: Callable[..., Any], name: str) -> bool:
 def builtin(name: str) -> tuple[Callable[..., Any], str | None, dict[str, Any]]:
     """Factory, parallelism kwarg and declared capabilities of a built-in name."""
     if name == "reference":
+        # torch, only for the built-in loader named (resolving a user's SPEC imports nothing of ours)
         from pytest_workerstart import _torch_internals
 
         try:

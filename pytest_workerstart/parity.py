@@ -27,8 +27,14 @@ from typing import Any
 
 import pytest
 
+from pytest_workerstart import explore
+from pytest_workerstart.harness.forkserver import warm_forkserver
+from pytest_workerstart.parity_data import dataset_of, loader_kwargs, read_records
 from pytest_workerstart.point import Point
+from pytest_workerstart.probes import tensor_origin
+from pytest_workerstart.probes.deadline import StepAborted, deadline
 from pytest_workerstart.probes.faults import FaultPlan
+from pytest_workerstart.verdict import record_measurements
 
 #: The clauses the judge attributes differences to, with what each judges.
 CLAUSES = {
@@ -123,7 +129,6 @@ class Observation:
 def _tensors(batch: Any, workers: set[int]) -> list[tuple[str, bool, str]]:
     import torch
 
-    from pytest_workerstart.probes import tensor_origin
 
     out = []
 
@@ -146,7 +151,6 @@ def _tensors(batch: Any, workers: set[int]) -> list[tuple[str, bool, str]]:
 def run(make: Callable[[str], Any], point: Point, log_dir: str, *, workers: Callable[[], set[int]]) -> Observation:
     """Iterate the loader ``make(log_dir)`` builds for the point's epochs; what it raises is recorded,
     not raised (a stopped step, a skip or an interrupt goes through)."""
-    from pytest_workerstart.parity_data import read_records
 
     obs, offsets, where = Observation(), {}, "building the loader"
     per_batch = point.batch_size or 1
@@ -410,9 +414,6 @@ def _torch_run(env, point: Point, method: str) -> Observation:
 
     from torch.utils.data import DataLoader
 
-    from pytest_workerstart.harness.forkserver import warm_forkserver
-    from pytest_workerstart.parity_data import dataset_of, loader_kwargs
-    from pytest_workerstart.probes.deadline import deadline
 
     if method == "forkserver":
         warm_forkserver()
@@ -429,7 +430,6 @@ def _torch_run(env, point: Point, method: str) -> Observation:
 
 
 def _loader_run(env, point: Point, ctx) -> Observation:
-    from pytest_workerstart.parity_data import dataset_of, loader_kwargs
 
 
     def make(log_dir: str):
@@ -444,8 +444,6 @@ def differences(env, point: Point) -> list[Difference]:
     """What differs at ``point`` between the loader and torch's DataLoader, observed once per loader,
     context and point in the session. A step the suite stopped (a hang, too much memory) is a
     difference too, under digest.first_batch: the loader served no batch there."""
-    from pytest_workerstart.probes.deadline import StepAborted
-    from pytest_workerstart.verdict import record_measurements
 
     cache = env.request.config.stash.setdefault(OBSERVED, {})
     key = (env.loader.spec, env.context_name, point)
@@ -480,7 +478,6 @@ def survey(env, point: Point) -> None:
 
 def judge_case(env, case: str) -> None:
     """The running data-path check's ``ws_point`` case, judged by the differential judge."""
-    from pytest_workerstart import explore
 
     clause = env.request.node.get_closest_marker("workerstart_check").args[0]
     if clause in TORCH_SEMANTICS and not env.loader.has("torch_parity"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_workerstart import settings as _settings
+from pytest_workerstart.harness import reaper
 
 #: the fixtures users put in their own tests, registered with the plugin
 pytest_plugins = ("pytest_workerstart.fixtures.public",)
@@ -35,6 +36,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _start_session(config: pytest.Config, embedded: bool):
     """Resolve the settings once and register the suite's session and check environment."""
     resolved = config.stash[_settings.SETTINGS] = _settings.resolve(config)
+    # the suite's session and checks pull in torch: imported only when a run asks for them
     from pytest_workerstart import checkenv
     from pytest_workerstart.session import WorkerstartSession
 
@@ -56,8 +58,6 @@ def pytest_pycollect_makeitem(collector, name: str, obj) -> None:
     config = collector.config
     if config.pluginmanager.has_plugin("workerstart-session"):
         return None
-    from pytest_workerstart.harness import reaper
-
     session = _start_session(config, embedded=True)
     reaper.start_guard(verdict=session.reporter.json_path)  # pytest_sessionstart has already run
     return None

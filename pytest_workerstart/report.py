@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pytest_workerstart import protocol
+from pytest_workerstart import protocol, space
 from pytest_workerstart.verdict import OUTCOMES, Verdict, case_key, cell
 
 
@@ -118,7 +118,6 @@ def points_lines(judged: dict[str, list[dict[str, Any]]], explores: bool) -> lis
     """One line per clause: how many points its checks judged (fixed: the builds the checks
     make and the declared corners; explored: the explorer's) and the values each dimension
     took (the workers and the parallelism always, the others where they varied)."""
-    from pytest_workerstart import space
 
     by_clause: dict[str, dict[str, Any]] = {}
     for check_id, points in judged.items():
@@ -146,7 +145,6 @@ def _ranges(texts: set[str]) -> str:
     """The values each dimension took over ``texts`` (a few listed, more as their range: not
     every value in it was judged); a text with a value of the wrong type (a build that tests
     argument validation) counts only where it parses."""
-    from pytest_workerstart import space
 
     values: dict[str, set[Any]] = {}
     for text in texts:

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from pytest_workerstart import baseline, space
+
 KNOWN_CONTEXTS = ("spawn", "forkserver", "fork")
 PROFILES = ("quick", "full")
 #: ``check.id``, ``check.id[context]`` or ``check.id[context-case]`` (the node id's
@@ -75,8 +77,6 @@ def seconds(value: Any, where: str) -> float:
 
 
 def point(value: Any, where: str) -> str:
-    from pytest_workerstart import space
-
     try:
         return space.parse(str(value)).text()
     except space.PointError as exc:
@@ -146,8 +146,6 @@ def directory(value: str, where: str) -> Path:
 
 
 def baseline_name(value: str, where: str) -> str:
-    from pytest_workerstart import baseline
-
     try:
         baseline.load(value)
     except baseline.BaselineError as exc:

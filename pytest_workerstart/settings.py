@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from pytest_workerstart import registry
 from pytest_workerstart import setting_values as values
 
 #: --workerstart-explore's default in the full profile (seconds per explorable check and context)
@@ -230,7 +231,6 @@ SETTINGS = pytest.StashKey[Settings]()
 def add_options(parser: pytest.Parser) -> None:
     """Register every option as a flag and (where it has one) an ini key."""
     group = parser.getgroup("workerstart", "worker-start conformance suite (pytest-workerstart)")
-    from pytest_workerstart import registry
 
     group.addoption("--workerstart", action="store_true", default=False,
                     help="collect and run the worker-start conformance suite (in addition to any paths given); "

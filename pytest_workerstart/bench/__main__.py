@@ -28,15 +28,19 @@ import json
 import sys
 import time
 
+from pytest_workerstart.bench import api_soak, eurosat, explore_power, report, run, soak, suite
+from pytest_workerstart.bench._optional import require
+from pytest_workerstart.bench.eurosat import EUROSAT_PER_CLASS
+from pytest_workerstart.bench.plot import plot, plot_arrivals
+from pytest_workerstart.bench.run import CONTEXTS
+from pytest_workerstart.protocol import SpecError
+
 
 def _progress(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def run_parser() -> argparse.ArgumentParser:
-    from pytest_workerstart.bench.eurosat import EUROSAT_PER_CLASS
-    from pytest_workerstart.bench.run import CONTEXTS
-
     p = argparse.ArgumentParser(prog="python -m pytest_workerstart.bench",
                                 description="Worker-start benchmark on a EuroSAT-like JPEG set "
                                             "(see docs/benchmark.md).")
@@ -101,8 +105,6 @@ def print_table(result: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["table"], ["targets"], ["epochs"], ["suite-table"]):
-        from pytest_workerstart.bench import report, suite
-
         results = []
         for path in argv[1:]:
             with open(path) as f:
@@ -113,20 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(suite.render(results) if argv[0] == "suite-table" else report.render(argv[0], results))
         return 0
     if argv[:1] == ["explore-power"]:
-        from pytest_workerstart.bench import explore_power
-
         return explore_power.main(argv[1:])
     if argv[:1] == ["soak"]:
-        from pytest_workerstart.bench import soak
-
         return soak.main(argv[1:])
     if argv[:1] == ["api-soak"]:
-        from pytest_workerstart.bench import api_soak
-
         return api_soak.main(argv[1:])
     if argv[:1] in (["soak-table"], ["soak-plot"]):
-        from pytest_workerstart.bench import soak
-
         a = plot_parser().parse_args(argv[1:]) if argv[0] == "soak-plot" else None
         with open(a.results if a else argv[1]) as f:
             result = json.load(f)
@@ -137,31 +131,22 @@ def main(argv: list[str] | None = None) -> int:
             print(a.output)
         return 0
     if argv[:1] == ["suite"]:
-        from pytest_workerstart.bench import suite
-
         return suite.main(argv[1:])
     if argv[:1] in (["plot"], ["arrivals"]):
-        from pytest_workerstart.bench._optional import require
-
         require("matplotlib", "plotting")
     if argv[:1] == ["plot"]:
-        from pytest_workerstart.bench.plot import plot
-
         a = plot_parser().parse_args(argv[1:])
         with open(a.results) as f:
             plot(json.load(f), a.output, workers=a.workers)
         print(a.output)
         return 0
     if argv[:1] == ["arrivals"]:
-        from pytest_workerstart.bench.plot import plot_arrivals
-
         a = plot_parser().parse_args(argv[1:])
         with open(a.results) as f:
             plot_arrivals(json.load(f), a.output)
         print(a.output)
         return 0
     args = run_parser().parse_args(argv)
-    from pytest_workerstart.bench import eurosat, run
 
     if args.make_dataset:
         t0 = time.perf_counter()
@@ -174,7 +159,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"ERROR: --parallelism: {exc}", file=sys.stderr)
         return 2
-    from pytest_workerstart.protocol import SpecError
 
     try:
         for text in args.config:

@@ -19,6 +19,8 @@ import time
 
 import psutil
 
+from pytest_workerstart.api import check_loader
+
 
 def _resources() -> dict[str, int]:
     me = psutil.Process()
@@ -26,8 +28,6 @@ def _resources() -> dict[str, int]:
 
 
 def soak(loader: str, runs: int, context: str, profile: str, checks=None, progress=None) -> dict:
-    from pytest_workerstart.api import check_loader
-
     before = _resources()
     first: dict[str, str] | None = None
     rows = []

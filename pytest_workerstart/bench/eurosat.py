@@ -24,6 +24,8 @@ from torchvision.datasets import ImageFolder
 from torchvision.io import decode_image, read_file
 from torchvision.transforms import v2
 
+from pytest_workerstart.bench._optional import require
+
 #: EuroSAT's class names -> the scikit-image photograph their crops come from.
 SOURCES = {
     "AnnualCrop": "grass",
@@ -63,7 +65,6 @@ def tree_checksum(root: str | os.PathLike) -> str:
 def _source_rgb(name: str):
     import numpy as np
 
-    from pytest_workerstart.bench._optional import require
 
     img = getattr(require("skimage.data", "making the benchmark's dataset", "bench"), name)()
     if img.ndim == 2:

@@ -20,18 +20,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from pytest_workerstart import space
+from pytest_workerstart.conformance import by_check_id
+from pytest_workerstart.fixtures.broken import catalog
+from pytest_workerstart.settings import DEFAULT_EXPLORE_S
+
 
 def _regional() -> list[str]:
     """Every broken loader whose defect lives in one region of its check's space."""
-    from pytest_workerstart.fixtures.broken import catalog
 
     return [name for name, c in catalog.load()[0].items() if c.region is not None]
 
 
 def _source(spec: str, check_id: str) -> str:
-    from pytest_workerstart import space
-    from pytest_workerstart.conformance import by_check_id
-
     assert space.get(check_id) is not None, check_id
     funcs = [(fn.__module__, name) for name, fn in by_check_id().get(check_id, [])
              if "ws_point" in fn.__code__.co_varnames[:fn.__code__.co_argcount]]
@@ -41,8 +42,6 @@ def _source(spec: str, check_id: str) -> str:
 
 
 def run(loaders: list[str], seeds: list[int], context: str, budget: float | None, profile: str = "full") -> dict:
-    from pytest_workerstart.fixtures.broken import catalog
-
     catches, _ = catalog.load()
     rows = []
     for seed in seeds:
@@ -81,8 +80,6 @@ def run(loaders: list[str], seeds: list[int], context: str, budget: float | None
 
 
 def table(result: dict) -> str:
-    from pytest_workerstart.settings import DEFAULT_EXPLORE_S
-
     budget = result["budget_s"] if result["budget_s"] is not None else DEFAULT_EXPLORE_S
     if result.get("profile", "full") == "full":
         head = f"Explorer power under {result['context']}, {budget:g} s budget, seeds " \

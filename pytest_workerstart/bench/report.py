@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from pytest_workerstart.bench.run import first_to_deliver
 from pytest_workerstart.probes.timing import paired_ratio
 
 
@@ -187,7 +188,6 @@ def arrivals_table(result: dict) -> str:
 
 def first_to_deliver_table(result: dict, epoch: int) -> str:
     """Which configuration's median arrival of batch k was earliest, as runs of k."""
-    from pytest_workerstart.bench.run import first_to_deliver
 
     firsts = first_to_deliver(result, epoch)
     if not firsts:

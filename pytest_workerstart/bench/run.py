@@ -20,6 +20,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pytest_workerstart import protocol
+from pytest_workerstart.bench import eurosat
+from pytest_workerstart.bench._optional import require
 from pytest_workerstart.cores import usable_cores
 from pytest_workerstart.harness.trials import run_trials
 from pytest_workerstart.probes.timing import paired_ratio, summarize
@@ -216,9 +219,6 @@ def digest_summary(configs: list[Config], digests: dict[str, set[str]]) -> dict[
 
 
 def run(args, progress) -> dict[str, Any]:
-    from pytest_workerstart import protocol
-    from pytest_workerstart.bench import eurosat
-
     if args.data_root:
         root = Path(args.data_root)
         checksum = (root / "CHECKSUM").read_text().split()[0] if (root / "CHECKSUM").exists() else None
@@ -275,7 +275,6 @@ def compare(current: dict, baseline: dict, max_regression_pct: float) -> list[st
 def to_pytest_benchmark(result: dict) -> dict:
     """The time-to-first-batch trials in pytest-benchmark's storage format, so
     ``pytest-benchmark compare`` and its ``.benchmarks/`` history can read them."""
-    from pytest_workerstart.bench._optional import require
 
     stats = require("pytest_benchmark.stats", "--pytest-benchmark-json")
 

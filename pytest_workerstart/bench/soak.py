@@ -26,6 +26,7 @@ says what grows.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -34,6 +35,11 @@ import sys
 import time
 
 import psutil
+
+from pytest_workerstart import protocol
+from pytest_workerstart.bench._optional import require
+from pytest_workerstart.probes.leaks import fd_targets
+from pytest_workerstart.probes.shm import ShmWatch
 
 RESOURCES = ("fds", "threads", "children", "zombies", "shm_entries", "semaphores", "pss_mib")
 #: what a flat resource may gain between the sample after the warm-up and the last one
@@ -125,7 +131,6 @@ def sample(watch, registrations: _Registrations) -> dict[str, float]:
 def fd_kinds() -> dict[str, int]:
     """This process's open fds by kind (``pipe``, ``socket``, ``anon_inode``, or the file's
     directory), so a count that grows says what grows."""
-    from pytest_workerstart.probes.leaks import fd_targets
 
     kinds: dict[str, int] = {}
     for target in fd_targets().values():
@@ -135,15 +140,17 @@ def fd_kinds() -> dict[str, int]:
 
 
 def _make(loader: str, context: str, num_workers: int, p: int, persistent: bool):
-    from torch.utils.data import DataLoader
-
+    """The loader built through the loader protocol, as every benchmark path builds it: ``p``
+    through its declared parallelism keyword where it has one."""
+    under_test = _resolved(loader)
     kw = dict(batch_size=2, num_workers=num_workers, multiprocessing_context=context,
               persistent_workers=persistent)
-    if loader == "reference":
-        from pytest_workerstart.reference import ParallelStartDataLoader
+    return under_test.make(_Items(16), parallelism=p if under_test.parallelism_kwarg else None, **kw)
 
-        return ParallelStartDataLoader(_Items(16), worker_start_parallelism=p, **kw)
-    return DataLoader(_Items(16), **kw)
+
+@functools.cache
+def _resolved(loader: str) -> protocol.LoaderUnderTest:
+    return protocol.resolve(loader)
 
 
 def soak(loader: str, context: str, cycles: int, epochs: int, every: int, progress=None,
@@ -154,7 +161,6 @@ def soak(loader: str, context: str, cycles: int, epochs: int, every: int, progre
     if loader == "torch" and context == "forkserver":
         # torch's workers then fork from a server that imported torch once, as the reference's do
         multiprocessing.set_forkserver_preload(["torch", "torch.utils.data", __name__])
-    from pytest_workerstart.probes.shm import ShmWatch
 
     with ShmWatch() as watch, _Registrations() as registrations:
         # the watch's own thread is the soak's, not the loader's
@@ -281,8 +287,6 @@ def table(result: dict) -> str:
 
 
 def plot(result: dict, output: str) -> None:
-    from pytest_workerstart.bench._optional import require
-
     matplotlib = require("matplotlib", "plotting")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

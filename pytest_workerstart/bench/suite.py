@@ -25,6 +25,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from pytest_workerstart.cores import usable_cores
+
 #: what the time of a clause's checks is mostly made of (for the table's reader)
 KIND = {"speed": "speed trials, each a fresh driver", "failure": "fault scenarios, each its own process tree",
         "exit": "a scenario process each (its interpreter's exit is judged)"}
@@ -88,7 +90,6 @@ def main(argv: list[str]) -> int:
     def progress(msg: str) -> None:
         print(f"[bench suite {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-    from pytest_workerstart.cores import usable_cores
 
     keep = Path(args.verdicts) if args.verdicts else None
     runs = [run_one(loader, profile, args.pytest_arg, progress, keep)

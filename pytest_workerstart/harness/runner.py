@@ -28,7 +28,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from pytest_workerstart.harness import reaper
+from pytest_workerstart import space
+from pytest_workerstart.harness import reaper, zygote
+from pytest_workerstart.harness.cleanup import unlink_created_since, unlink_left
+from pytest_workerstart.probes.deadline import GUARD_EVERY_S, memory_limit_bytes, tree_memory_over
+from pytest_workerstart.probes.shm import ShmWatch, named_for
 
 #: Set (in a thread of :mod:`pytest_workerstart.harness.lookahead`) to an event that, once set,
 #: stops the scenario at its next poll: its tree is killed and ScenarioAborted raised.
@@ -110,8 +114,6 @@ def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None 
     tmp = workdir / "tmp"
     tmp.mkdir(exist_ok=True)
     if warm:
-        from pytest_workerstart.harness import zygote
-
         try:
             return zygote.get({**os.environ, **(env or {})}).fork(str(request), str(workdir / "stderr.txt"), str(tmp))
         except zygote.Refused:
@@ -151,9 +153,6 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     ``exit_grace``: once the interpreter has exited, how long what it started
     (workers, a forkserver, the resource tracker, which prints its leak warnings
     then) may take to go by itself; only what is still there counts as ``leftovers``."""
-    from pytest_workerstart.harness.cleanup import unlink_created_since, unlink_left
-    from pytest_workerstart.probes.deadline import GUARD_EVERY_S, memory_limit_bytes, tree_memory_over
-    from pytest_workerstart.probes.shm import ShmWatch, named_for
 
     workdir = Path(tempfile.mkdtemp(prefix="workerstart-scenario-"))
     result_path = workdir / "result.json"
@@ -235,7 +234,6 @@ def _child_main(request_path: str) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     req = json.loads(Path(request_path).read_text())
     module_name, func_name = req["target"].split(":", 1)
-    from pytest_workerstart import space
 
     with space.recording() as built:
         try:

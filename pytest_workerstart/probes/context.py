@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_workerstart.probes import faults as _faults
+from pytest_workerstart.probes.shm import shm_entries_mapped_by
 from pytest_workerstart.probes.worker_records import Recorder, WorkerRecord
 
 
@@ -90,7 +91,6 @@ class _InstrumentedProcessMixin:
         finally:
             # what the worker still maps when its target returns or raises: a segment it
             # leaves behind is mapped by no one later (see probes.shm.ShmWatch)
-            from pytest_workerstart.probes.shm import shm_entries_mapped_by
 
             self._ws_emit("exit", shm=shm_entries_mapped_by([os.getpid()]))
 

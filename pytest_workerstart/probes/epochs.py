@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from pytest_workerstart.datasets import RngDrawDataset, ShuffledShards
+
 EPOCHS = 3
 WORKERS = 2
 LENGTH = 12
@@ -74,8 +76,6 @@ def plan(*, parallel: bool, iterable: bool, persistent: bool) -> list[Run]:
 
 
 def dataset(kind: str):
-    from pytest_workerstart.datasets import RngDrawDataset, ShuffledShards
-
     return RngDrawDataset(LENGTH) if kind == "map" else ShuffledShards(LENGTH)
 
 

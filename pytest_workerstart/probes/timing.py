@@ -19,6 +19,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from pytest_workerstart import protocol
+from pytest_workerstart.probes.digest import batch_digest
 from pytest_workerstart.probes.foreign_cpu import tree_cpu_s
 
 
@@ -111,8 +113,6 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
     import importlib
     import multiprocessing
 
-    from pytest_workerstart import protocol
-    from pytest_workerstart.probes.digest import batch_digest
 
     under_test = protocol.from_payload(loader)
     if context == "forkserver" and preload:
@@ -213,7 +213,6 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
 
 def _second_epoch(dl, max_batches: int, shutdown_s: float, tag_workers: bool) -> dict[str, Any]:
     """A second iterator of ``dl`` (a new epoch), timed from its ``iter()``."""
-    from pytest_workerstart.probes.digest import batch_digest
 
     t1 = time.perf_counter()
     it2 = iter(dl)

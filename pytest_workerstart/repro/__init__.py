@@ -15,6 +15,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from pytest_workerstart import registry
+
 HERE = Path(__file__).resolve().parent
 _LOADER_LINE = re.compile(r'^LOADER = ".*"$', flags=re.M)
 
@@ -25,7 +27,6 @@ def script_name(check_id: str) -> str:
 
 def available() -> dict[str, Path]:
     """Check id -> its reproducer, for the ids that have one."""
-    from pytest_workerstart import registry
 
     return {i: HERE / script_name(i) for i in registry.CHECKS if (HERE / script_name(i)).is_file()}
 

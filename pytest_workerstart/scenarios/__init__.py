@@ -17,7 +17,10 @@ from typing import Any
 
 import pytest
 
+from pytest_workerstart import protocol
 from pytest_workerstart.harness.cleanup import kill_workers
+from pytest_workerstart.harness.forkserver import warm_forkserver
+from pytest_workerstart.harness.reaper import sigchld_ignored
 from pytest_workerstart.harness.runner import ScenarioResult, run_scenario
 
 
@@ -62,8 +65,6 @@ def value_of(res: ScenarioResult) -> Any:
 def rebuild(loader: dict, context: str):
     """In the scenario process: the loader under test from its payload; multiprocessing's
     forkserver gets the suite's preload list if the loader ever starts it."""
-    from pytest_workerstart import protocol
-    from pytest_workerstart.harness.forkserver import warm_forkserver
 
     built = protocol.from_payload(loader)
     if context == "forkserver":
@@ -79,7 +80,5 @@ def stop_if_failed(live, ctx) -> None:
     """The leak rule failed while the error was held, so the judge reads nothing after it:
     kill the loader's workers rather than wait out its own shutdown (torch joins each for 5 s)."""
     if live:
-        from pytest_workerstart.harness.reaper import sigchld_ignored
-
         with sigchld_ignored():  # a loader's SIGCHLD handler (torch's) would raise for the workers killed here
             kill_workers(ctx)

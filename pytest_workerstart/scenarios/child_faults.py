@@ -11,8 +11,13 @@ from typing import Any
 import pytest
 
 from pytest_workerstart import scenarios
+from pytest_workerstart.datasets import WorkerTagDataset
 from pytest_workerstart.harness.cleanup import kill_workers
-from pytest_workerstart.probes.faults import describe_chain
+from pytest_workerstart.harness.reaper import sigchld_ignored
+from pytest_workerstart.probes.context import InstrumentedContext
+from pytest_workerstart.probes.deadline import StepAborted, deadline
+from pytest_workerstart.probes.faults import FaultPlan, describe_chain
+from pytest_workerstart.probes.leaks import LeakSnapshot, patience
 
 #: a hanging worker's timeout: fresh-interpreter boots allowed per worker (see scenario_child_fault)
 BOOTS_PER_WORKER_SPAWN = 1.5
@@ -58,7 +63,6 @@ CHILD_FAULT_MEASUREMENTS = ("loader_timeout", "tries", "elapsed", "since_ready",
 
 def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, num_workers: int,
                          parallelism: int | None, loader_timeout: float, boot_cost: float) -> dict[str, Any]:
-    from pytest_workerstart.probes.leaks import LeakSnapshot
 
     under_test = scenarios.rebuild(loader, context)
     if loader_timeout:
@@ -80,10 +84,6 @@ def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, nu
 
 def _child_fault_once(under_test, context: str, fault: str, worker: int, num_workers: int,
                       parallelism: int | None, loader_timeout: float, boot_cost: float, before) -> dict[str, Any]:
-    from pytest_workerstart.datasets import WorkerTagDataset
-    from pytest_workerstart.probes.context import InstrumentedContext
-    from pytest_workerstart.probes.faults import FaultPlan
-    from pytest_workerstart.probes.leaks import LeakSnapshot, patience
 
     plan = getattr(FaultPlan, fault)(worker)
     ctx = InstrumentedContext(context, num_workers=num_workers, faults=plan)
@@ -103,7 +103,6 @@ def _child_fault_once(under_test, context: str, fault: str, worker: int, num_wor
         return (f"no error {since:.0f} s after the last worker was ready (bound {within:.0f} s: timeout "
                 f"{loader_timeout or 'none'}, slowest boot {boot:.1f} s)") if since > within + OVERDUE_GRACE_S else None
 
-    from pytest_workerstart.probes.deadline import StepAborted, deadline
 
     error = None
     try:
@@ -111,8 +110,6 @@ def _child_fault_once(under_test, context: str, fault: str, worker: int, num_wor
             for batch in dl:
                 del batch  # a batch still referenced keeps its shm fd: not a leak
     except StepAborted as exc:
-        from pytest_workerstart.harness.reaper import sigchld_ignored
-
         with sigchld_ignored():  # a loader's SIGCHLD handler (torch's) would raise for the workers killed here
             kill_workers(ctx)
             ctx.close()

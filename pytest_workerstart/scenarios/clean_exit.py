@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from pytest_workerstart import scenarios
+from pytest_workerstart.datasets import WorkerTagDataset
 
 #: What a training script's module globals still hold when the interpreter exits.
 _HELD_AT_EXIT: list = []
@@ -28,7 +29,6 @@ def scenario_clean_exit(loader: dict, context: str, ending: str, num_workers: in
 
     import torch
 
-    from pytest_workerstart.datasets import WorkerTagDataset
 
     under_test = scenarios.rebuild(loader, context)
     before_build = _stderr_offset()  # what importing the loader's packages printed is not exit noise

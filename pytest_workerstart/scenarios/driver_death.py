@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import time
 
-from pytest_workerstart import scenarios
+from pytest_workerstart import scenarios, space
+from pytest_workerstart.datasets import WorkerTagDataset
+from pytest_workerstart.probes.context import InstrumentedContext
+from pytest_workerstart.probes.faults import FaultPlan
 
 
 def scenario_driver(loader: dict, context: str, case: str, num_workers: int, parallelism: int | None,
@@ -20,10 +23,6 @@ def scenario_driver(loader: dict, context: str, case: str, num_workers: int, par
     import threading
     from pathlib import Path
 
-    from pytest_workerstart import space
-    from pytest_workerstart.datasets import WorkerTagDataset
-    from pytest_workerstart.probes.context import InstrumentedContext
-    from pytest_workerstart.probes.faults import FaultPlan
 
     under_test = scenarios.rebuild(loader, context)
     ready, go = Path(ready_path), Path(go_path)

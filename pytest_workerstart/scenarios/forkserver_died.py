@@ -8,13 +8,13 @@ import time
 from typing import Any
 
 from pytest_workerstart import scenarios
+from pytest_workerstart.datasets import WorkerTagDataset
+from pytest_workerstart.probes.leaks import alive, helpers
 
 
 def scenario_forkserver_died(loader: dict, context: str, persistent: bool, num_workers: int,
                              parallelism: int | None) -> dict[str, Any]:
     """One epoch, SIGKILL to the forkserver, then the next epoch (timed; its hang is the runner's)."""
-    from pytest_workerstart.datasets import WorkerTagDataset
-    from pytest_workerstart.probes.leaks import alive, helpers
 
     under_test = scenarios.rebuild(loader, context)
     kw = {"persistent_workers": True} if persistent else {}

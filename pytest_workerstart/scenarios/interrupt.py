@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from pytest_workerstart import scenarios
+from pytest_workerstart.datasets import WorkerTagDataset
+from pytest_workerstart.probes.context import InstrumentedContext
+from pytest_workerstart.probes.faults import FaultPlan
+from pytest_workerstart.probes.leaks import LeakSnapshot, patience
 
 
 def scenario_interrupt(loader: dict, context: str, worker: int, num_workers: int,
                        parallelism: int | None, boot_cost: float) -> dict[str, Any]:
-    from pytest_workerstart.datasets import WorkerTagDataset
-    from pytest_workerstart.probes.context import InstrumentedContext
-    from pytest_workerstart.probes.faults import FaultPlan
-    from pytest_workerstart.probes.leaks import LeakSnapshot, patience
 
     under_test = scenarios.rebuild(loader, context)
     before = LeakSnapshot.take()

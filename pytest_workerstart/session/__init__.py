@@ -14,7 +14,12 @@ from typing import Any
 
 import pytest
 
-from pytest_workerstart import protocol, registry
+from pytest_workerstart import baseline, protocol, registry
+from pytest_workerstart.checkenv import CheckEnv
+from pytest_workerstart.cores import usable_cores
+from pytest_workerstart.harness import reaper, zygote
+from pytest_workerstart.harness.lookahead import ScenarioLookahead
+from pytest_workerstart.probes.deadline import memory_limit_bytes
 from pytest_workerstart.session import preflight
 from pytest_workerstart.session.breaker import CircuitBreaker
 from pytest_workerstart.session.check_fixtures import CheckFixtures
@@ -36,8 +41,6 @@ class WorkerstartSession:
         self.loader = loader
         self.settings = settings
         self.contexts = contexts
-        from pytest_workerstart import baseline
-        from pytest_workerstart.harness.lookahead import ScenarioLookahead
 
         self.baseline = baseline.load(settings.baseline) if settings.baseline else None
         self.waits = Waits(settings)
@@ -83,13 +86,11 @@ class WorkerstartSession:
             return self.settings.scenario_jobs
         if os.environ.get("PYTEST_XDIST_WORKER"):  # xdist already runs checks side by side
             return 1
-        from pytest_workerstart.cores import usable_cores
 
         return max(1, min(2, usable_cores()))
 
     def _env_for(self, item: pytest.Item):
         """The CheckEnv ``item`` will get (for planning it ahead), or None if it will be skipped."""
-        from pytest_workerstart.checkenv import CheckEnv
 
         marker = item.get_closest_marker("workerstart_check")
         context = item.callspec.params.get("ws_context") if hasattr(item, "callspec") else None
@@ -119,7 +120,6 @@ class WorkerstartSession:
 
     def _preflight(self, loader: protocol.LoaderUnderTest) -> None:
         """Stop the run with one line if the loader cannot deliver a batch (see :mod:`.preflight`)."""
-        from pytest_workerstart.probes.deadline import memory_limit_bytes
 
         self._preflown.add(loader.spec)
         context, timeout = self.contexts[0], self.waits.preflight_timeout()
@@ -144,7 +144,6 @@ class WorkerstartSession:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Start the guard that cleans up if pytest itself is killed, and let a SIGTERM end the
         run as Ctrl-C does (the running step's cleanup, then the fixtures' teardown)."""
-        from pytest_workerstart.harness import reaper
 
         reaper.start_guard(verdict=self.reporter.json_path)
 
@@ -187,8 +186,6 @@ class WorkerstartSession:
         return report
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus) -> None:
-        from pytest_workerstart.harness import reaper, zygote
-
         self.lookahead.close()
         zygote.shutdown()
         reaper.reap_session()
@@ -197,7 +194,5 @@ class WorkerstartSession:
         self.reporter.write(final=True, exitstatus=int(exitstatus))
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        from pytest_workerstart.harness import reaper
-
         reaper.restore_sigterm(getattr(self, "_sigterm", None))
         reaper.stop_guard()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_workerstart import protocol, registry, space
+from pytest_workerstart import explore, protocol, registry, space
 from pytest_workerstart.session.waits import CHECK_TIMEOUT_S
 from pytest_workerstart.settings import Settings
 from pytest_workerstart.verdict import Verdict, parse_nodeid
@@ -73,8 +73,6 @@ class CheckCollection:
             return
         metafunc.parametrize("ws_context", contexts, ids=[f"{check_id}-{c}" for c in contexts])
         if "ws_point" in metafunc.fixturenames:
-            from pytest_workerstart import explore
-
             metafunc.parametrize("ws_point", explore.cases(check_id, self.settings))
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -14,7 +14,9 @@ import time
 from typing import Any
 
 from pytest_workerstart import protocol, scenarios
+from pytest_workerstart.datasets import WorkerTagDataset
 from pytest_workerstart.harness.runner import ScenarioResult
+from pytest_workerstart.harness.zygote import import_cost
 
 ADAPTER_DOCS = "docs/adapter.md"
 NUM_WORKERS = 2
@@ -29,13 +31,11 @@ def scenario_preflight(loader: dict, context: str, num_workers: int, parallelism
     """
     import faulthandler
 
-    from pytest_workerstart.harness.zygote import import_cost
 
     faulthandler.enable(sys.stderr)  # a crash of the driver then says where (failure_site)
     t0 = time.monotonic()
     under_test = scenarios.rebuild(loader, context)
     boot = time.monotonic() - t0 + import_cost()
-    from pytest_workerstart.datasets import WorkerTagDataset
 
     dl = under_test.make(WorkerTagDataset(8), num_workers=num_workers, multiprocessing_context=context,
                          parallelism=parallelism, batch_size=2)

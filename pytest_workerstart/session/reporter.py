@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from pytest_workerstart import registry, report
+from pytest_workerstart import registry, report, repro
+from pytest_workerstart.results_table import render_verdicts
 from pytest_workerstart.verdict import one_property_per_measurement
 
 #: GitHub Actions names the job summary file here; the final verdict's table is appended to it
@@ -134,7 +135,6 @@ class VerdictReporter:
 
     def _write_step_summary(self, path: Path, exitstatus: int | None) -> None:
         """Under GitHub Actions: the verdict's table, appended to the job's summary page."""
-        from pytest_workerstart.results_table import render_verdicts
 
         self.verdict.coverage = self.coverage()
         data = self.verdict.to_json(exitstatus=exitstatus, duration_s=time.monotonic() - self._started, final=True)
@@ -148,7 +148,6 @@ class VerdictReporter:
     def write_reproducers(self, directory: Path) -> None:
         if not self.writer:
             return
-        from pytest_workerstart import repro
 
         failed = [r.id for r in self.verdict.records.values()
                   if r.state == "finished" and r.outcome in ("failed", "error")]

@@ -3,6 +3,7 @@ in units of what one spawn worker's boot costs in this run."""
 
 from __future__ import annotations
 
+from pytest_workerstart.probes.deadline import measure_boot_cost
 from pytest_workerstart.settings import Settings
 
 #: Per-check hard limit (pytest-timeout) unless the check sets its own: the
@@ -31,8 +32,6 @@ class Waits:
     def measured_boot_cost(self) -> float:
         """Seconds one spawn worker's boot takes in this run: the unit of every derived wait."""
         if self.boot_cost is None:
-            from pytest_workerstart.probes.deadline import measure_boot_cost
-
             self.boot_cost = measure_boot_cost()
         return self.boot_cost
 
