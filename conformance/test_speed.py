@@ -36,7 +36,6 @@ from __future__ import annotations
 import pytest
 
 from pytest_workerstart import scenarios
-from pytest_workerstart.bench.eurosat import make_dataset
 from pytest_workerstart.conformance.speed_judges import (
     READS,
     memory_problems,
@@ -90,6 +89,9 @@ def _measure(check_env) -> dict:
         pytest.skip("quick profile: speed checks run in the full profile")
     key = (check_env.loader.spec, check_env.context_name)
     if key not in _CACHE:
+        # torchvision (the trials' image decoding): imported when a speed check runs, not at collection
+        from pytest_workerstart.bench.eurosat import make_dataset
+
         root, _ = make_dataset(per_class=PER_CLASS)
         base = {"loader": check_env.loader.payload(), "dataset": "pytest_workerstart.bench.eurosat:EuroSATLike",
                 "dataset_kwargs": {"root": str(root)}, "context": check_env.context_name, "max_batches": STEADY_BATCHES,
