@@ -158,7 +158,6 @@ class CheckEnv:
         with sigchld_ignored():  # a loader's SIGCHLD handler (torch's) would raise for the workers killed here
             kill_and_wait(victims)
             if "torch.utils.data" in sys.modules:  # ... and at every later SIGCHLD, while their iterator lives
-
                 forget_killed_workers({v.pid for v in victims})
         gone = cleanup.unlink_created_since(self._shm_before, {n: i for n, i in mapped.items()
                                                              if not n.startswith("sem.")})
@@ -218,7 +217,6 @@ class CheckEnv:
 
     def scenario_result(self) -> Any:
         """The result of this check's ``@planned_scenario`` (see :mod:`pytest_workerstart.harness.lookahead`)."""
-
         res = (lookahead.run_now(self.request.node, self) if self.lookahead is None
                else self.lookahead.result(self.request.node, self))
         space.note(getattr(res, "built", ()))  # a result type that records no builds lists none
@@ -390,7 +388,6 @@ def _judge_release(ctx: InstrumentedContext, took: float) -> None:
     then the worker is terminated) and left ready workers ended by a signal, not by their own
     loop's end, waited that timeout out: a stall, whatever the wall-time bound (which grows with
     the boot cost) allowed. Judged from what the workers did, not from how long it took."""
-
     if took < join_s:
         return
     killed = [r.worker for r in ctx.records() if r.ready is not None and r.exited is None and not _alive(r.pid)]
@@ -436,7 +433,6 @@ def unlinked(names: list[str]) -> str:
 @pytest.fixture
 def check_env(request, ws_context, ws_loader, ws_settings, ws_step_timeout, ws_boot_cost, ws_lookahead):
     """The environment of one check; skips it (with the reason) if the loader lacks what it needs."""
-
     marker = request.node.get_closest_marker("workerstart_check")
     gap = protocol.requirement_gap(ws_loader, registry.get(marker.args[0]), ws_context) if marker else None
     if gap:

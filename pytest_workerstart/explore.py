@@ -256,7 +256,6 @@ def run_seed(settings) -> int:
 def cases(check_id: str, settings) -> list[str]:
     """The ``ws_point`` case ids pytest collects for ``check_id``: its corners, then the explored case
     where the budget is above 0 or a point is replayed."""
-
     sp = space.SPACES[check_id]
     ids = [c.id for c in sp.corners if c.collected]
     if sp.explorable and (settings.explores or settings.replay):
@@ -315,7 +314,6 @@ def judge_case(env, case: str, judge: Callable[[Point], None],
     stream and never fails: the first of them to explore in a context surveys the stream's draws
     within the budget, and each then judges those same draws (observed once) and shrinks its own
     failure."""
-
     node = env.request.node
     check_id = node.get_closest_marker("workerstart_check").args[0]
     sp = space.SPACES[check_id]
@@ -405,7 +403,6 @@ def _surveyed(env, sp, limits, survey: Callable[[Point], None]) -> tuple[int, in
 def _skip_declared(env, sp, point: Point, what: str) -> None:
     """Skip a data-path point the loader declares its own semantics at (``differs_from_torch``):
     the verdict shows it as declared different, not as passed."""
-
     hit = declared_different(point, tuple(env.loader.capabilities.get("differs_from_torch", ()))) \
         if sp.stream is not None else []
     if hit:

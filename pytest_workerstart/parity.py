@@ -151,7 +151,6 @@ def _tensors(batch: Any, workers: set[int]) -> list[tuple[str, bool, str]]:
 def run(make: Callable[[str], Any], point: Point, log_dir: str, *, workers: Callable[[], set[int]]) -> Observation:
     """Iterate the loader ``make(log_dir)`` builds for the point's epochs; what it raises is recorded,
     not raised (a stopped step, a skip or an interrupt goes through)."""
-
     obs, offsets, where = Observation(), {}, "building the loader"
     per_batch = point.batch_size or 1
     try:
@@ -444,7 +443,6 @@ def differences(env, point: Point) -> list[Difference]:
     """What differs at ``point`` between the loader and torch's DataLoader, observed once per loader,
     context and point in the session. A step the suite stopped (a hang, too much memory) is a
     difference too, under digest.first_batch: the loader served no batch there."""
-
     cache = env.request.config.stash.setdefault(OBSERVED, {})
     key = (env.loader.spec, env.context_name, point)
     if key in cache:  # observed for an earlier case: the verdict says where, and who forked its workers
@@ -478,7 +476,6 @@ def survey(env, point: Point) -> None:
 
 def judge_case(env, case: str) -> None:
     """The running data-path check's ``ws_point`` case, judged by the differential judge."""
-
     clause = env.request.node.get_closest_marker("workerstart_check").args[0]
     if clause in TORCH_SEMANTICS and not env.loader.has("torch_parity"):
         pytest.skip(f"the loader declares torch_parity=false: {CLAUSES[clause]} is torch's semantics")

@@ -118,7 +118,6 @@ def points_lines(judged: dict[str, list[dict[str, Any]]], explores: bool) -> lis
     """One line per clause: how many points its checks judged (fixed: the builds the checks
     make and the declared corners; explored: the explorer's) and the values each dimension
     took (the workers and the parallelism always, the others where they varied)."""
-
     by_clause: dict[str, dict[str, Any]] = {}
     for check_id, points in judged.items():
         entry = by_clause.setdefault(check_id.split(".")[0], {"fixed": set(), "explored": set(), "contexts": set(),
@@ -145,7 +144,6 @@ def _ranges(texts: set[str]) -> str:
     """The values each dimension took over ``texts`` (a few listed, more as their range: not
     every value in it was judged); a text with a value of the wrong type (a build that tests
     argument validation) counts only where it parses."""
-
     values: dict[str, set[Any]] = {}
     for text in texts:
         try:

@@ -28,7 +28,6 @@ from pytest_workerstart.settings import DEFAULT_EXPLORE_S
 
 def _regional() -> list[str]:
     """Every broken loader whose defect lives in one region of its check's space."""
-
     return [name for name, c in catalog.load()[0].items() if c.region is not None]
 
 

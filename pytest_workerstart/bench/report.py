@@ -188,7 +188,6 @@ def arrivals_table(result: dict) -> str:
 
 def first_to_deliver_table(result: dict, epoch: int) -> str:
     """Which configuration's median arrival of batch k was earliest, as runs of k."""
-
     firsts = first_to_deliver(result, epoch)
     if not firsts:
         return f"(no arrival times for iterator {epoch})"

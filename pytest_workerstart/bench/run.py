@@ -275,7 +275,6 @@ def compare(current: dict, baseline: dict, max_regression_pct: float) -> list[st
 def to_pytest_benchmark(result: dict) -> dict:
     """The time-to-first-batch trials in pytest-benchmark's storage format, so
     ``pytest-benchmark compare`` and its ``.benchmarks/`` history can read them."""
-
     stats = require("pytest_benchmark.stats", "--pytest-benchmark-json")
 
     benches = []

@@ -131,7 +131,6 @@ def sample(watch, registrations: _Registrations) -> dict[str, float]:
 def fd_kinds() -> dict[str, int]:
     """This process's open fds by kind (``pipe``, ``socket``, ``anon_inode``, or the file's
     directory), so a count that grows says what grows."""
-
     kinds: dict[str, int] = {}
     for target in fd_targets().values():
         kind = target.partition(":")[0] if ":" in target else os.path.dirname(target) or target

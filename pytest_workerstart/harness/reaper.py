@@ -275,16 +275,22 @@ def start_guard(verdict=None) -> subprocess.Popen:
     return _guard
 
 
+def wait_or_kill(proc, timeout: float = 5.0) -> None:
+    """Collect a child's exit status (a ``Popen`` or what quacks like one): no zombie, and no
+    running ``Popen`` dropped; SIGKILL if it has not exited within ``timeout``."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def stop_guard() -> None:
     global _guard
     guard, _guard = _guard, None
     if guard is not None and guard.poll() is None:
         guard.terminate()
-        try:
-            guard.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            guard.kill()
-            guard.wait()
+        wait_or_kill(guard)
 
 
 def record_death(path: str) -> None:

@@ -126,15 +126,6 @@ def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None 
         )
 
 
-def _reap(proc) -> None:
-    """Collect the scenario's exit status (its tree was killed): no zombie, no running Popen dropped."""
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 120.0,
                  env: dict[str, str] | None = None, dump_grace: float = 2.0,
                  memory_limit: int | None = None, exit_grace: float = 0.0, measuring: bool = False,
@@ -153,7 +144,6 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
     ``exit_grace``: once the interpreter has exited, how long what it started
     (workers, a forkserver, the resource tracker, which prints its leak warnings
     then) may take to go by itself; only what is still there counts as ``leftovers``."""
-
     workdir = Path(tempfile.mkdtemp(prefix="workerstart-scenario-"))
     result_path = workdir / "result.json"
     err_path = workdir / "stderr.txt"
@@ -180,7 +170,7 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
                     status = "hang"
     except BaseException:  # Ctrl-C, pytest-timeout or an abort while waiting: take the scenario down with us
         reaper.kill_session(proc.pid, leader_ctime=leader_ctime)
-        _reap(proc)
+        reaper.wait_or_kill(proc)
         reaper.unregister_session(proc.pid)
         shm.__exit__(None, None, None)
         unlink_left(shm)
@@ -201,7 +191,7 @@ def run_scenario(target: str, kwargs: dict | None = None, *, timeout: float = 12
             time.sleep(0.1)
     leftovers = reaper.kill_session(proc.pid, leader_ctime=leader_ctime)
     shm.__exit__(None, None, None)
-    _reap(proc)
+    reaper.wait_or_kill(proc)
     reaper.unregister_session(proc.pid)
     stderr = err_path.read_text(errors="replace")
     try:

@@ -40,6 +40,7 @@ import tempfile
 import threading
 import time
 
+from pytest_workerstart.harness import reaper
 from pytest_workerstart.probes import leaks
 
 #: imported once in the zygote (never the loader's own module: user code stays in the child)
@@ -244,11 +245,7 @@ class Zygote:
                 self.proc.stdin.close()
             except OSError:
                 pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        reaper.wait_or_kill(self.proc)
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 

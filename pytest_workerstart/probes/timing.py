@@ -213,7 +213,6 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
 
 def _second_epoch(dl, max_batches: int, shutdown_s: float, tag_workers: bool) -> dict[str, Any]:
     """A second iterator of ``dl`` (a new epoch), timed from its ``iter()``."""
-
     t1 = time.perf_counter()
     it2 = iter(dl)
     arrivals = []

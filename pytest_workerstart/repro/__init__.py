@@ -27,7 +27,6 @@ def script_name(check_id: str) -> str:
 
 def available() -> dict[str, Path]:
     """Check id -> its reproducer, for the ids that have one."""
-
     return {i: HERE / script_name(i) for i in registry.CHECKS if (HERE / script_name(i)).is_file()}
 
 

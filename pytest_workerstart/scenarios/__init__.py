@@ -65,7 +65,6 @@ def value_of(res: ScenarioResult) -> Any:
 def rebuild(loader: dict, context: str):
     """In the scenario process: the loader under test from its payload; multiprocessing's
     forkserver gets the suite's preload list if the loader ever starts it."""
-
     built = protocol.from_payload(loader)
     if context == "forkserver":
         warm_forkserver(start=False)

@@ -63,7 +63,6 @@ CHILD_FAULT_MEASUREMENTS = ("loader_timeout", "tries", "elapsed", "since_ready",
 
 def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, num_workers: int,
                          parallelism: int | None, loader_timeout: float, boot_cost: float) -> dict[str, Any]:
-
     under_test = scenarios.rebuild(loader, context)
     if loader_timeout:
         loader_timeout = hang_timeout(loader_timeout, context, num_workers, boot_cost)
@@ -84,7 +83,6 @@ def scenario_child_fault(loader: dict, context: str, fault: str, worker: int, nu
 
 def _child_fault_once(under_test, context: str, fault: str, worker: int, num_workers: int,
                       parallelism: int | None, loader_timeout: float, boot_cost: float, before) -> dict[str, Any]:
-
     plan = getattr(FaultPlan, fault)(worker)
     ctx = InstrumentedContext(context, num_workers=num_workers, faults=plan)
     dl = under_test.make(WorkerTagDataset(12), num_workers=num_workers, multiprocessing_context=ctx,

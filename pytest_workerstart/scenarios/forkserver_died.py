@@ -15,7 +15,6 @@ from pytest_workerstart.probes.leaks import alive, helpers
 def scenario_forkserver_died(loader: dict, context: str, persistent: bool, num_workers: int,
                              parallelism: int | None) -> dict[str, Any]:
     """One epoch, SIGKILL to the forkserver, then the next epoch (timed; its hang is the runner's)."""
-
     under_test = scenarios.rebuild(loader, context)
     kw = {"persistent_workers": True} if persistent else {}
     dl = under_test.make(WorkerTagDataset(4 * num_workers), num_workers=num_workers, multiprocessing_context=context,

@@ -18,7 +18,6 @@ from pytest_workerstart.probes.leaks import LeakSnapshot, patience
 
 def scenario_interrupt(loader: dict, context: str, worker: int, num_workers: int,
                        parallelism: int | None, boot_cost: float) -> dict[str, Any]:
-
     under_test = scenarios.rebuild(loader, context)
     before = LeakSnapshot.take()
     # Later workers start slowly so the interrupt lands while starts are in flight.

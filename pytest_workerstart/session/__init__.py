@@ -91,7 +91,6 @@ class WorkerstartSession:
 
     def _env_for(self, item: pytest.Item):
         """The CheckEnv ``item`` will get (for planning it ahead), or None if it will be skipped."""
-
         marker = item.get_closest_marker("workerstart_check")
         context = item.callspec.params.get("ws_context") if hasattr(item, "callspec") else None
         if marker is None or context is None:
@@ -120,7 +119,6 @@ class WorkerstartSession:
 
     def _preflight(self, loader: protocol.LoaderUnderTest) -> None:
         """Stop the run with one line if the loader cannot deliver a batch (see :mod:`.preflight`)."""
-
         self._preflown.add(loader.spec)
         context, timeout = self.contexts[0], self.waits.preflight_timeout()
         res = preflight.run(loader, context, timeout=timeout,
@@ -144,7 +142,6 @@ class WorkerstartSession:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Start the guard that cleans up if pytest itself is killed, and let a SIGTERM end the
         run as Ctrl-C does (the running step's cleanup, then the fixtures' teardown)."""
-
         reaper.start_guard(verdict=self.reporter.json_path)
 
         def stop() -> None:

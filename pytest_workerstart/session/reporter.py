@@ -135,7 +135,6 @@ class VerdictReporter:
 
     def _write_step_summary(self, path: Path, exitstatus: int | None) -> None:
         """Under GitHub Actions: the verdict's table, appended to the job's summary page."""
-
         self.verdict.coverage = self.coverage()
         data = self.verdict.to_json(exitstatus=exitstatus, duration_s=time.monotonic() - self._started, final=True)
         data = json.loads(json.dumps(data, default=str))
