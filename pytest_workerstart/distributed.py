@@ -22,6 +22,7 @@ import datetime
 import json
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -116,7 +117,7 @@ def judge(reports: list[dict], world_size: int, num_workers: int, n: int, fail_r
 
 def scenario_distributed(loader: dict, context: str, world_size: int, num_workers: int, parallelism: int | None,
                          n: int, fail_rank: int | None, pg_timeout: float, outdir: str | None = None) -> dict[str, Any]:
-    """``world_size`` ranks of a gloo group on 127.0.0.1 (torch.multiprocessing, spawn).
+    """``world_size`` ranks of a gloo group on 127.0.0.1 (torch.multiprocessing).
 
     Every rank iterates a map-style dataset through ``DistributedSampler`` and an
     IterableDataset sharded by rank x ``get_worker_info()``, then meets the others
@@ -141,7 +142,7 @@ def scenario_distributed(loader: dict, context: str, world_size: int, num_worker
     t0 = time.monotonic()
     pc = tmp.start_processes(_rank_main, args=(world_size, port, loader, context, num_workers, parallelism, n,
                                                fail_rank, pg_timeout, outdir),
-                             nprocs=world_size, join=False, start_method="spawn")
+                             nprocs=world_size, join=False, start_method=_rank_start_method())
     deadline = t0 + 4 * pg_timeout + 60
     ranks = pc.processes
     while any(p.is_alive() for p in ranks) and time.monotonic() < deadline:
@@ -159,7 +160,7 @@ def scenario_distributed(loader: dict, context: str, world_size: int, num_worker
     exitcodes = [p.exitcode for p in ranks]
     from multiprocessing import resource_tracker
 
-    own_tracker = resource_tracker._resource_tracker._pid  # this interpreter's, started by spawn above
+    own_tracker = resource_tracker._resource_tracker._pid  # this interpreter's, if a spawn above started it
     left = []
     end = time.monotonic() + 15
     while time.monotonic() < end:
@@ -169,6 +170,13 @@ def scenario_distributed(loader: dict, context: str, world_size: int, num_worker
             break
         time.sleep(0.2)
     return {"reports": reports, "hung_ranks": hung, "exitcodes": exitcodes, "elapsed": elapsed, "left": left}
+
+
+def _rank_start_method() -> str:
+    """How the ranks start: not what the check judges (the workers' context is), so fork
+    where it is safe (this interpreter runs no other thread, as when forked from the
+    zygote): each spawned rank would import torch again."""
+    return "fork" if threading.active_count() == 1 else "spawn"
 
 
 def _rank_main(rank: int, world_size: int, port: int, loader: dict, context: str, num_workers: int,

@@ -155,6 +155,15 @@ def whoami():
             "stdin": os.readlink("/proc/self/fd/0")}
 
 
+def path_and_import(module):
+    """``sys.path`` and where ``module`` is imported from (tests/test_zygote.py)."""
+    import importlib
+    import sys
+
+    return {"path": sys.path, "file": importlib.import_module(module).__file__,
+            "pythonpath": os.environ.get("PYTHONPATH", "")}
+
+
 def says_at_exit(text):
     """Prints ``text`` on stderr from an atexit handler: only a normal interpreter exit runs it."""
     import atexit

@@ -112,6 +112,21 @@ def test_a_refusing_zygote_gives_a_fresh_interpreter(monkeypatch):
     assert res.status == "ok" and not res.value["torch_loaded"]
 
 
+def test_a_directory_pytest_adds_after_the_zygote_started_is_on_the_warm_path(tmp_path, monkeypatch):
+    """The zygote may start before pytest adds the project's directories (the plugin starts it
+    while pytest imports the suite): each child gets its PYTHONPATH where a fresh interpreter has it."""
+    zygote.shutdown()
+    first = zygote.get({**os.environ, **child_env()})
+    (tmp_path / "added_later_mod.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cold, warm = (_run("path_and_import", {"module": "added_later_mod"}, warm=w) for w in (False, True))
+    assert cold.status == warm.status == "ok", (cold.details(), warm.details())
+    assert zygote.get({**os.environ, **child_env()}) is first, "a new PYTHONPATH does not replace the zygote"
+    assert warm.value["file"] == cold.value["file"] == str(tmp_path / "added_later_mod.py")
+    assert warm.value["pythonpath"] == cold.value["pythonpath"]
+    assert warm.value["path"] == cold.value["path"], "the same sys.path as a fresh interpreter's"
+
+
 def test_the_zygote_goes_when_asked_and_with_its_environment():
     first = zygote.get({**os.environ, **child_env()})
     assert zygote.get({**os.environ, **child_env(), "PYTEST_CURRENT_TEST": "another phase"}) is first

@@ -94,6 +94,23 @@ class ScenarioResult:
         return "\n".join(parts)
 
 
+def child_env() -> dict[str, str]:
+    """The child must import what pytest could (rootdir/conftest sys.path entries)."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
+
+
+def prestart_zygote() -> None:
+    """Start the zygote now, in a thread, so that its import of torch overlaps this process's
+    own (the suite's modules) instead of being waited for by the first warm scenario."""
+    def start() -> None:
+        try:
+            zygote.get({**os.environ, **child_env()})
+        except zygote.Refused:
+            pass  # the first warm scenario asks again, or runs in a fresh interpreter
+
+    threading.Thread(target=start, name="workerstart-zygote-start", daemon=True).start()
+
+
 def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None = None, *,
            warm: bool = False, fast_exit: bool = False) -> subprocess.Popen:
     """Start ``target(**kwargs)`` in a fresh interpreter in a new session (the one child launcher).
@@ -115,7 +132,9 @@ def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None 
     tmp.mkdir(exist_ok=True)
     if warm:
         try:
-            return zygote.get({**os.environ, **(env or {})}).fork(str(request), str(workdir / "stderr.txt"), str(tmp))
+            full_env = {**os.environ, **(env or {})}
+            return zygote.get(full_env).fork(str(request), str(workdir / "stderr.txt"), str(tmp),
+                                             full_env.get("PYTHONPATH", ""))
         except zygote.Refused:
             pass  # a fresh interpreter instead
     with open(workdir / "stderr.txt", "wb") as err:

@@ -129,6 +129,18 @@ def become_scenario(req: dict) -> None:
     os.close(err)
     os.environ["TMPDIR"] = req["tmp"]
     tempfile.tempdir = None
+    _take_pythonpath(req["pythonpath"])
+
+
+def _take_pythonpath(pythonpath: str) -> None:
+    """Put the request's ``PYTHONPATH`` where a fresh interpreter started with it has it:
+    after the script's directory, before the standard library (the zygote may have been
+    started before pytest added the project's directories)."""
+    started_with = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    wanted = [p for p in pythonpath.split(os.pathsep) if p]
+    rest = [p for p in sys.path[1:] if p not in started_with and p not in wanted]
+    sys.path[1:] = [*wanted, *rest]
+    os.environ["PYTHONPATH"] = pythonpath
 
 
 def import_cost() -> float:
@@ -211,14 +223,14 @@ class Zygote:
             self._gone = True
             self._cond.notify_all()
 
-    def fork(self, request: str, stderr: str, tmp: str) -> WarmChild:
+    def fork(self, request: str, stderr: str, tmp: str, pythonpath: str) -> WarmChild:
         with self._cond:
             if self._gone:
                 raise Refused("the zygote has exited")
             self._next += 1
             ident = self._next
             self.proc.stdin.write((json.dumps({"id": ident, "request": request, "stderr": stderr,
-                                               "tmp": tmp}) + "\n").encode())
+                                               "tmp": tmp, "pythonpath": pythonpath}) + "\n").encode())
             if not self._cond.wait_for(lambda: ident in self._replies or self._gone, 30) or ident not in self._replies:
                 raise Refused("the zygote did not answer")
             reply = self._replies.pop(ident)
@@ -260,10 +272,13 @@ def _orphan_code(pid: int) -> int | None:
 
 #: set per child (TMPDIR) or by pytest for every test phase: not what tells environments apart
 _PER_CALL = ("TMPDIR", "PYTEST_CURRENT_TEST")
+#: also given per child (pytest adds the project's directories while it collects, after the
+#: zygote may have started), but the zygote starts with it too: its preloads may need it
+_PER_CHILD = ("PYTHONPATH",)
 
 
 def _key(env: dict[str, str]) -> tuple:
-    return tuple(sorted((k, v) for k, v in env.items() if k not in _PER_CALL))
+    return tuple(sorted((k, v) for k, v in env.items() if k not in _PER_CALL + _PER_CHILD))
 
 
 _lock = threading.Lock()
@@ -279,10 +294,10 @@ def get(env: dict[str, str]) -> Zygote:
             _current.close()
             _current = None
         if _current is None:
-            _current = Zygote(env)
-            if not _atexit:
+            if not _atexit:  # before it starts: an exit while it imports still stops it
                 atexit.register(shutdown)
                 _atexit = True
+            _current = Zygote(env)
         return _current
 
 

@@ -10,8 +10,6 @@ and what each scenario shares: :func:`rebuild`, :func:`stop_if_failed`, :func:`l
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -21,12 +19,7 @@ from pytest_workerstart import protocol
 from pytest_workerstart.harness.cleanup import kill_workers
 from pytest_workerstart.harness.forkserver import warm_forkserver
 from pytest_workerstart.harness.reaper import sigchld_ignored
-from pytest_workerstart.harness.runner import ScenarioResult, run_scenario
-
-
-def child_env() -> dict[str, str]:
-    """The child must import what pytest could (rootdir/conftest sys.path entries)."""
-    return {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
+from pytest_workerstart.harness.runner import ScenarioResult, child_env, run_scenario
 
 
 def target_of(scenario: Callable | str) -> str:
