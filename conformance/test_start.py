@@ -43,7 +43,6 @@ def test_default_serial(check_env):
     assert peak == 1, f"without the parallelism argument, {peak} starts overlapped (want 1)"
 
 
-
 def _bounded_start(check_env, point: Point) -> dict:
     """One epoch at ``point`` (N workers, parallelism p) through a holding context: judged by
     ``start.respects_bound`` and, at its corner p3, by ``start.builds_all_before_start``."""

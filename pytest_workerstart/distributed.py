@@ -41,7 +41,6 @@ def run_rank(rank: int, world_size: int, init_method: str, loader: dict, context
     import torch.distributed as dist
     from torch.utils.data.distributed import DistributedSampler
 
-
     report: dict[str, Any] = {"rank": rank}
     try:
         under_test = rebuild(loader, context)

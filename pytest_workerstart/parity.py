@@ -129,7 +129,6 @@ class Observation:
 def _tensors(batch: Any, workers: set[int]) -> list[tuple[str, bool, str]]:
     import torch
 
-
     out = []
 
     def walk(obj, path):
@@ -413,7 +412,6 @@ def _torch_run(env, point: Point, method: str) -> Observation:
 
     from torch.utils.data import DataLoader
 
-
     if method == "forkserver":
         warm_forkserver()
     ctx = multiprocessing.get_context(method)
@@ -429,7 +427,6 @@ def _torch_run(env, point: Point, method: str) -> Observation:
 
 
 def _loader_run(env, point: Point, ctx) -> Observation:
-
 
     def make(log_dir: str):
         return env.make(dataset_of(point, log_dir), num_workers=point.num_workers, ctx=ctx,

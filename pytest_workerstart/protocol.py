@@ -54,6 +54,7 @@ CAPABILITIES: dict[str, tuple[str, Any, str]] = {
 #: Declared in 0.1 but read by no check; declaring one is an error that says so.
 REMOVED_CAPABILITIES = ("pin_memory", "custom_context")
 
+
 @dataclasses.dataclass
 class LoaderUnderTest:
     """A resolved loader: the factory plus everything the suite needs to know."""

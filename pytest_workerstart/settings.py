@@ -213,7 +213,6 @@ class Settings:
         out["sources"] = dict(self.sources)
         return out
 
-
     def as_args(self) -> list[str]:
         """The command-line options that give a rerun of one case these settings, whatever
         their source (command line, environment, ini): each differing from its default."""

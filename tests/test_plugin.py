@@ -280,6 +280,8 @@ def test_factory_that_raises_stops_at_the_preflight(pytester, run_suite):
     assert v.result.ret == 4
     assert all(c["state"] == "not_run" and "ValueError: factory exploded" in c["reason"] for c in v.data["checks"])
     assert "workerstart: preflight: loader badfactory:make" in v.result.stdout.str()
+
+
 def test_no_parallelism_keyword_is_said_in_one_line(pytester, run_suite):
     pytester.makepyfile(concurrency="""
         from torch.utils.data import DataLoader

@@ -190,7 +190,6 @@ def test_shm_watch_attributes_what_its_tree_left_and_nothing_else(tmp_path):
                 pass
 
 
-
 @pytest.mark.parametrize("p", [1, 2, 4])
 def test_peak_concurrency_is_observed(p):
     ctx = InstrumentedContext("fork", num_workers=4, hold_for_overlap=1.0)

@@ -183,6 +183,7 @@ def test_the_terminal_says_per_clause_which_points_were_judged():
     assert points_lines(v.judged_points(), False)[1] == (
         "workerstart: points start: 4 fixed, none explored (--workerstart-explore=0); N 3/6, p 1/3/none")
 
+
 def test_each_build_of_the_loader_is_recorded_as_its_point():
     """What the verdict lists for the checks without a declared space: the arguments each build
     got, read where the suite builds the loader (in the test process or a scenario process)."""

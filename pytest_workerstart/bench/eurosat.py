@@ -65,7 +65,6 @@ def tree_checksum(root: str | os.PathLike) -> str:
 def _source_rgb(name: str):
     import numpy as np
 
-
     img = getattr(require("skimage.data", "making the benchmark's dataset", "bench"), name)()
     if img.ndim == 2:
         img = np.stack([img] * 3, axis=-1)

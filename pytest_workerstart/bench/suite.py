@@ -90,7 +90,6 @@ def main(argv: list[str]) -> int:
     def progress(msg: str) -> None:
         print(f"[bench suite {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-
     keep = Path(args.verdicts) if args.verdicts else None
     runs = [run_one(loader, profile, args.pytest_arg, progress, keep)
             for loader in args.loader for profile in args.profile]

@@ -13,6 +13,7 @@ FORKSERVER_PRELOAD = ["torch", "torch.utils.data", "pytest_workerstart.datasets"
 
 _preloaded = False
 
+
 def warm_forkserver(start: bool = True) -> None:
     """Set the preload list before multiprocessing's forkserver first starts, then (with
     ``start``) start it and the resource tracker, once per process.

@@ -113,7 +113,6 @@ def trial(loader: dict, dataset: str, dataset_kwargs: dict, loader_kwargs: dict,
     import importlib
     import multiprocessing
 
-
     under_test = protocol.from_payload(loader)
     if context == "forkserver" and preload:
         from multiprocessing import forkserver

@@ -101,7 +101,6 @@ def _child_fault_once(under_test, context: str, fault: str, worker: int, num_wor
         return (f"no error {since:.0f} s after the last worker was ready (bound {within:.0f} s: timeout "
                 f"{loader_timeout or 'none'}, slowest boot {boot:.1f} s)") if since > within + OVERDUE_GRACE_S else None
 
-
     error = None
     try:
         with deadline("the epoch", None, overdue=overdue):

@@ -29,7 +29,6 @@ def scenario_clean_exit(loader: dict, context: str, ending: str, num_workers: in
 
     import torch
 
-
     under_test = scenarios.rebuild(loader, context)
     before_build = _stderr_offset()  # what importing the loader's packages printed is not exit noise
     kw: dict[str, Any] = {}

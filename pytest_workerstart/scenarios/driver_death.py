@@ -23,7 +23,6 @@ def scenario_driver(loader: dict, context: str, case: str, num_workers: int, par
     import threading
     from pathlib import Path
 
-
     under_test = scenarios.rebuild(loader, context)
     ready, go = Path(ready_path), Path(go_path)
 

@@ -31,7 +31,6 @@ def scenario_preflight(loader: dict, context: str, num_workers: int, parallelism
     """
     import faulthandler
 
-
     faulthandler.enable(sys.stderr)  # a crash of the driver then says where (failure_site)
     t0 = time.monotonic()
     under_test = scenarios.rebuild(loader, context)
