@@ -9,6 +9,7 @@ import warnings
 from typing import TypeVar
 
 import torch
+import torch.multiprocessing
 from torch.utils.data import DataLoader
 
 from pytest_workerstart import _torch_internals as torch_internals

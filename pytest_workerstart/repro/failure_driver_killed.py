@@ -14,6 +14,7 @@ Exits 1 (printing what it saw, then killing the survivors) if a process outlives
 """
 
 import importlib
+import multiprocessing
 import multiprocessing.context
 import os
 import signal
