@@ -191,3 +191,18 @@ def forkserver_tree_then_hang(path):
         json.dump(tree, f)
     os.replace(f"{path}.tmp", path)
     hang_forever()
+
+
+def driver_with_orphan(ready_path, go_path, orphan):
+    """A driver whose one child outlives it (tests/test_failure_waits.py): ``busy`` uses the CPU
+    for 4 s after the driver died, then exits; ``idle`` sleeps for 10 minutes."""
+    import subprocess
+    import sys
+
+    code = {"busy": ("import os, time\nwhile os.getppid() != 1 and os.getppid() == {ppid}: time.sleep(0.05)\n"
+                     "end = time.monotonic() + 4\nwhile time.monotonic() < end: pass\n"),
+            "idle": "import time\ntime.sleep(600)\n"}[orphan].replace("{ppid}", str(os.getpid()))
+    subprocess.Popen([sys.executable, "-c", code])
+    with open(ready_path, "w") as f:
+        f.write("{}")
+    time.sleep(600)

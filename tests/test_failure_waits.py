@@ -3,11 +3,14 @@ and a hang scenario whose timeout fired before the healthy workers were ready is
 inconclusive, not a verdict: it runs again with twice the timeout.
 """
 
+import sys
+import time
 import types
 
 import pytest
 
 from pytest_workerstart import scenarios
+from pytest_workerstart.harness import driver_death
 from pytest_workerstart.probes import leaks
 from pytest_workerstart.scenarios import child_faults
 
@@ -141,3 +144,23 @@ def test_a_release_that_waits_out_a_join_is_caught_however_long_its_bound(monkey
             env.release_held(held, num_workers=2, ctx=ctx)
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("orphan", ["busy", "idle"])
+def test_past_the_driver_death_bound_only_what_still_exits_is_waited_for(orphan):
+    """The bound is not the judgement: a child that noticed its driver died and is still exiting
+    (using CPU) at the bound is watched on and exits on its own; one that makes no progress is a
+    survivor, judged one progress window after the bound, not at the last of its 3 bounds."""
+    bound = 2.0  # busy exits 4 s after the driver: between the bound and 3 bounds
+    t0 = time.monotonic()
+    res = driver_death.run_driver_death("tests._mpprograms:driver_with_orphan", {"orphan": orphan},
+                                        exit_mode="sigkill", bound=bound, env=scenarios.child_env())
+    took = time.monotonic() - t0
+    assert res.setup_error is None, res.setup_error
+    if orphan == "busy":
+        assert res.ok and res.gone_after_s > bound, (res.report(), res.gone_after_s)
+    else:
+        assert not res.ok and [i.cmdline for i, _ in res.survivors] == [
+            f"{sys.executable} -c import time\ntime.sleep(600)\n"], res.report()
+        assert res.gone_after_s is None
+        assert took < 30, f"a survivor that makes no progress was watched for {took:.0f} s"

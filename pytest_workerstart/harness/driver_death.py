@@ -4,7 +4,9 @@ The scenario process (own session) builds the loader and reports readiness;
 the parent walks its process tree *before* the kill (pids plus create times,
 so a reused pid is never mistaken for a survivor), kills it with SIGKILL or
 lets it ``os._exit(0)``, then polls until every recorded process, and every
-later member of its session, is gone, or the bound passes. The ``/dev/shm``
+later member of its session, is gone, or the bound passes and the survivors make no
+progress to exit (none used CPU or went in :data:`PROGRESS_WINDOW_S`), or
+:data:`LATE_EXIT_BOUNDS` bounds pass. The ``/dev/shm``
 entries that tree mapped or held open at the kill (see
 :func:`~pytest_workerstart.probes.shm.attributed_shm`) must be gone too.
 Survivors are listed with pid, cmdline and age, then killed; of the leftover
@@ -54,6 +56,30 @@ class DriverDeathResult:
         for name in self.shm_left:
             lines.append(f"  /dev/shm left: {name}")
         return "\n".join(lines) or "  (nothing left)"
+
+
+#: Past the bound, survivors still exiting (below) are watched up to this many bounds in all
+LATE_EXIT_BOUNDS = 3
+#: how long survivors are watched for progress between two looks, past the bound
+PROGRESS_WINDOW_S = 2.0
+
+
+def _cpu_seconds(infos: list[ProcInfo]) -> dict[tuple[int, float], float]:
+    out = {}
+    for i in infos:
+        try:
+            t = psutil.Process(i.pid).cpu_times()
+        except psutil.Error:
+            continue
+        out[(i.pid, i.started)] = t.user + t.system
+    return out
+
+
+def _still_exiting(before: dict[tuple[int, float], float], survivors: list[ProcInfo]) -> bool:
+    """Whether survivors seen ``PROGRESS_WINDOW_S`` ago made progress since: fewer of them, or one
+    used CPU (an interpreter tearing down torch does; one blocked on a dead peer does not)."""
+    now = _cpu_seconds(survivors)
+    return len(now) < len(before) or any(now.get(k, 0.0) > v for k, v in before.items())
 
 
 def _existing(names: set[str]) -> list[str]:
@@ -125,6 +151,12 @@ def run_driver_death(target: str, kwargs: dict, *, exit_mode: str, bound: float 
         proc.wait(timeout=30)
         survivors: list[ProcInfo] = []
         gone_after = None
+        # Past the bound the judgement is what the survivors do, not the clock: a process that
+        # noticed the driver's death and is still exiting (a poll of its own near the bound, a
+        # machine under load) is watched on; one that makes no progress has not noticed, or waits
+        # on the dead driver, and is killed by the suite.
+        watched: dict[tuple[int, float], float] | None = None
+        next_look = 0.0
         while True:
             late = [i for i in (_info(p) for p in session_members(proc.pid, leader_ctime)) if i is not None]
             known = {(i.pid, i.started) for i in recorded}
@@ -135,8 +167,14 @@ def run_driver_death(target: str, kwargs: dict, *, exit_mode: str, bound: float 
             if not survivors and not shm_left:
                 gone_after = time.monotonic() - killed_at
                 break
-            if time.monotonic() - killed_at > bound:
-                break
+            since = time.monotonic() - killed_at
+            if since > bound and time.monotonic() >= next_look:
+                if shm_left and not survivors:
+                    break  # nothing left that could still unlink them
+                if since > LATE_EXIT_BOUNDS * bound or (watched is not None and not _still_exiting(watched,
+                                                                                                  survivors)):
+                    break
+                watched, next_look = _cpu_seconds(survivors), time.monotonic() + PROGRESS_WINDOW_S
             time.sleep(0.2)
         now = proc_start.now()
         result = DriverDeathResult(
