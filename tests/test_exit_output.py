@@ -4,6 +4,8 @@ the same words written at exit fail it."""
 
 import pytest
 
+from pytest_workerstart.harness import clean_exit
+
 FAST = ("--workerstart-context=fork", "--workerstart-profile=quick", "--workerstart-preflight=false",
         "-k", "clean_interpreter")
 SAID = "FutureWarning: a dependency's deprecation"
@@ -32,3 +34,15 @@ def test_output_before_the_first_build_is_reported_not_judged(pytester, run_suit
     at_exit = run_suite(*FAST, "--workerstart-loader=noisyexit:DataLoader")
     (case,) = [c for c in at_exit.data["checks"] if c["outcome"] != "skipped"]
     assert case["outcome"] == "failed" and "stderr is not empty" in case["reason"] and SAID in case["reason"], case
+
+
+def test_a_long_stderr_is_quoted_by_its_first_and_its_last_lines():
+    """A traceback's exception is its last line: the reason keeps it, within a verdict reason's length."""
+    lines = ["terminate called without an active exception", "Exception ignored in: <function __del__>",
+             "Traceback (most recent call last):", *[f'  File "x.py", line {i}, in f' for i in range(15)],
+             "RuntimeError: DataLoader worker (pid 7) is killed by signal: Aborted."]
+    said = clean_exit._first_and_last(lines)
+    assert said.startswith("terminate called") and said.endswith("killed by signal: Aborted.") and " | ... | " in said
+    reason = f"AssertionError: after keyboard interrupt: stderr is not empty ({len(lines)} lines): {said}"
+    assert len(reason) <= 500
+    assert clean_exit._first_and_last(lines[:4]) == " | ".join(lines[:4])

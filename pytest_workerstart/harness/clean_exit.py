@@ -58,13 +58,25 @@ class CleanExit:
             out.append(f"the interpreter exited with status {r.returncode}")
         if self.judged_stderr.strip():
             lines = self.judged_stderr.strip().splitlines()
-            out.append(f"stderr is not empty ({len(lines)} lines): " + " | ".join(lines[:6])[:600])
+            out.append(f"stderr is not empty ({len(lines)} lines): " + _first_and_last(lines))
         if r.leftovers:
             out.append(f"{len(r.leftovers)} processes outlived the interpreter: " + "; ".join(r.leftovers)[:600])
         if r.shm_left:
             out.append(f"{len(r.shm_left)} /dev/shm entries its processes created outlived it (unlinked by the "
                        "suite): " + ", ".join(r.shm_left)[:600])
         return out
+
+
+#: lines of stderr a reason quotes from each end (a traceback's exception is its last line)
+QUOTED_LINES = 3
+
+
+def _first_and_last(lines: list[str]) -> str:
+    """The first and the last lines, each end shortened on its own, within the 500 characters a
+    verdict's reason keeps (:func:`pytest_workerstart.verdict.one_line`)."""
+    if len(lines) <= 2 * QUOTED_LINES:
+        return " | ".join(lines)[:360]
+    return " | ".join(lines[:QUOTED_LINES])[:120] + " | ... | " + " | ".join(lines[-QUOTED_LINES:])[-240:]
 
 
 def run_clean_exit(target: str, kwargs: dict | None = None, *, timeout: float = 120.0, exit_grace: float = 5.0,
