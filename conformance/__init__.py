@@ -1,4 +1,13 @@
-"""The conformance suite: one module per contract clause (see the registry).
+"""The conformance suite: one room (a folder) per contract clause.
+
+A room holds everything a clause judges with: its checks (``test_<clause>.py`` and its other
+``test_*.py``, what pytest collects; each check declared once, with its id, title and
+requirements, read by :mod:`pytest_workerstart.registry`), its judges (functions of observed
+data) and its scenario modules, the code its checks run in a fresh interpreter. **The rule of
+a scenario module** (said at its top, kept by ``tests/test_registry.py``): it imports the
+standard library, torch, psutil and the package's foundations, datasets, probes, harness and
+:mod:`pytest_workerstart.scenarios` only, never a check module of any room nor the plugin's
+session, since it runs where no pytest session is collecting.
 
 ``pytest --workerstart`` collects these modules from the installed package.
 A project that ships a loader can instead run them from its own tests, with
@@ -23,8 +32,8 @@ from typing import Any
 
 from pytest_workerstart import registry
 
-#: every module that holds a check, in the registry's order (the registry is the one list)
-_MODULES = tuple(dict.fromkeys(c.conformance_module for c in registry.CHECKS.values()))
+#: every module that holds a check, in the contract's order
+_MODULES = tuple(".".join(p.relative_to(registry.SUITE_DIR).with_suffix("").parts) for p in registry.suite_modules())
 
 
 def _checks() -> dict:

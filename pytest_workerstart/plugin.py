@@ -26,7 +26,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers",
-                            "workerstart_check(check_id, **requirements): a conformance check with a stable id")
+                            "workerstart_check(check_id, title=None, **requirements): a conformance check with a "
+                            "stable id (declared once, with its title and requirements: pytest_workerstart.registry)")
     config.addinivalue_line("markers", "workerstart_scenario(plan): the check's work is the scenario plan(check_env, "
                             "**params) returns; consecutive ones run ahead, --workerstart-scenario-jobs at a time")
     config.addinivalue_line("markers", "workerstart_no_leaks: fail the test if it leaks processes, threads, fds, "

@@ -1,33 +1,46 @@
-"""The contract's checks, one entry each: the single source of every check id.
+"""The contract's checks, one entry each, read from the checks' own declarations.
 
-A conformance function names its id with ``@pytest.mark.workerstart_check(ID)``
-and nothing else; what the id needs (capabilities, contexts, the quick
-profile's contexts) is read from here by the session. ``tests/test_registry.py``
-keeps the markers, ``docs/contract.md`` and the broken loaders (which declare
-what they catch with :func:`pytest_workerstart.fixtures.broken.catches`) in
-step with this table. Pure data: the plugin imports it without torch.
+A conformance function declares its id where it is defined:
+``@pytest.mark.workerstart_check(ID, TITLE, **requirements)`` on one function per id (its
+other functions name the id only). This module reads those declarations from the suite's
+source without importing it (the plugin needs the ids at startup, before anything imports
+torch), so the table is never kept beside the checks. ``tests/test_registry.py`` keeps the
+read table equal to the markers pytest sees, and ``docs/contract.md`` and the broken loaders
+(which declare what they catch with :func:`pytest_workerstart.fixtures.broken.catches`) in
+step with it.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import re
+from pathlib import Path
 
-#: Clause name -> (module in conformance/, heading in docs/contract.md).
+#: Where the suite's modules are: in the installed package, or beside it in a source checkout.
+SUITE_DIR = Path(__file__).resolve().parent / "conformance"
+if not SUITE_DIR.is_dir():  # an editable install maps the package's conformance/ to the top-level one
+    SUITE_DIR = Path(__file__).resolve().parent.parent / "conformance"
+
+#: Clause name -> its heading in docs/contract.md, in the contract's order.
 CLAUSES = {
-    "start": ("test_start", "Start"),
-    "order": ("test_order", "Order"),
-    "digest": ("test_digest", "Digest"),
-    "failure": ("test_failure", "Failure"),
-    "leaks": ("test_leaks", "Leaks and seed properties"),
-    "persistent": ("test_persistent", "Leaks and seed properties"),
-    "prefetch": ("test_prefetch", "Leaks and seed properties"),
-    "sharding": ("test_sharding", "Leaks and seed properties"),
-    "transfer": ("test_transfer", "Leaks and seed properties"),
-    "speed": ("test_speed", "Speed"),
-    "exit": ("test_exit", "Exit"),
-    "memory": ("test_memory", "Memory"),
-    "resume": ("test_resume", "Resume"),
+    "start": "Start",
+    "order": "Order",
+    "digest": "Digest",
+    "failure": "Failure",
+    "leaks": "Leaks and seed properties",
+    "persistent": "Leaks and seed properties",
+    "prefetch": "Leaks and seed properties",
+    "sharding": "Leaks and seed properties",
+    "transfer": "Leaks and seed properties",
+    "speed": "Speed",
+    "exit": "Exit",
+    "memory": "Memory",
+    "resume": "Resume",
 }
+#: The marker that declares a check, and the local name the suite's modules give it.
+MARKER, ALIAS = "workerstart_check", "check"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +59,8 @@ class Check:
     needs_parallelism_kwarg: bool = False
     #: never under xdist (it needs the machine to itself)
     serial_only: bool = False
-    #: conformance module, when not the clause's
-    module: str | None = None
+    #: the conformance module that declares it, dotted from the suite's directory
+    module: str = ""
     #: exercises parallel start (p > 1) where the loader declares it; the quick
     #: profile then runs it in such a context, and the coverage record says so
     parallel_path: bool = True
@@ -56,75 +69,72 @@ class Check:
     def clause(self) -> str:
         return self.id.split(".", 1)[0]
 
-    @property
-    def conformance_module(self) -> str:
-        return self.module or CLAUSES[self.clause][0]
+
+def suite_modules() -> list[Path]:
+    """The suite's check modules, by clause in the contract's order: a room's ``test_<clause>.py``
+    first, then its other modules; a module no clause names last."""
+    order = list(CLAUSES)
+
+    def key(path: Path) -> tuple:
+        rel = path.relative_to(SUITE_DIR)
+        clause = rel.parts[0] if len(rel.parts) > 1 else rel.stem.removeprefix("test_")
+        return (order.index(clause) if clause in order else len(order), path.stem != f"test_{clause}", str(rel))
+
+    return sorted(SUITE_DIR.rglob("test_*.py"), key=key)
 
 
-_SPEED = dict(contexts=("spawn",), quick_contexts=("spawn",), serial_only=True, requires=("parallel_start",))
+def _declared(call: ast.Call, module: str, where: str) -> Check:
+    try:
+        args = [ast.literal_eval(a) for a in call.args]
+        kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
+    except ValueError:
+        raise ValueError(f"{where}: a check's declaration holds literals only") from None
+    if len(call.keywords) != len(kwargs):
+        raise ValueError(f"{where}: a check's declaration names each requirement (no **)")
+    return Check(*args, module=module, **kwargs)
 
-CHECKS: dict[str, Check] = {c.id: c for c in (
-    Check("start.parameter_validation", "a bad parallelism value is rejected naming the argument",
-          needs_parallelism_kwarg=True, parallel_path=False),
-    Check("start.default_serial", "without the parallelism argument, one start at a time", parallel_path=False),
-    Check("start.respects_bound", "with p in {1, 2, N}, exactly min(p, N) starts overlap",
-          requires=("parallel_start",), quick_contexts=("spawn", "forkserver")),
-    Check("start.builds_all_before_start", "every Process exists before the first start()",
-          requires=("parallel_start",)),
-    Check("start.unpicklable_argument", "a lambda dataset, collate_fn or worker_init_fn under spawn/forkserver "
-                                        "raises at iter() or the first next() naming the argument; nothing left",
-          contexts=("spawn", "forkserver")),
-    Check("start.large_pickle", "a dataset pickle of 1 MiB and 100 MiB: every worker through the given context, "
-                                "min(p, N) starts at once, batches in order; start time per worker reported",
-          contexts=("spawn", "forkserver")),
-    Check("order.registration", "batch k comes from worker k mod N whatever order starts finish in",
-          requires=("in_order",)),
-    Check("order.worker_seeds", "per-worker seeds do not depend on parallelism or context"),
-    Check("order.epoch_shuffle", "epochs 1-3 each serve every index once, a shuffled loader's epochs differ and "
-                                 "follow the generator, independent of p; torch's index streams where torch_parity"),
-    Check("order.rng_streams", "torch, random and NumPy as a worker's user code draws from them: different per "
-                               "worker, epoch and generator seed, independent of p; torch's draws where torch_parity"),
-    Check("digest.first_batch", "the first batch is the same for every parallelism and context, with the "
-                                "dataset's content"),
-    Check("digest.torch_parity", "the first batches equal torch's DataLoader's for the same arguments",
-          requires=("torch_parity",)),
-    Check("failure.parent_start_error", "a failing start() surfaces naming the worker; leak rule"),
-    Check("failure.worker_init_error", "a raising worker_init_fn surfaces with the worker's id",
-          requires=("worker_init_fn",)),
-    Check("failure.retry_after_failure", "after a failed start, a fresh iter() yields the truth"),
-    Check("failure.child_exit_during_start", "a worker exiting during boot gives an error naming it"),
-    Check("failure.child_killed_during_start", "a worker killed during boot gives an error naming it"),
-    Check("failure.child_hang_during_start", "a worker hanging during boot is timed out, naming it",
-          requires=("timeout",)),
-    Check("failure.interrupt_during_start", "Ctrl-C while workers start leaves nothing"),
-    Check("failure.forkserver_died", "the forkserver killed between epochs: the next epoch works or raises saying "
-                                     "so, within the step bound; nothing left", contexts=("forkserver",)),
-    Check("failure.driver_killed", "nothing the driver started outlives it",
-          requires=("driver_watchdog",), module="test_driver_death"),
-    Check("leaks.clean_exit", "nothing leaks after the ordinary ways an epoch ends"),
-    Check("leaks.fd_growth", "fds of the driver and of persistent workers stay flat over 20 epochs"),
-    Check("leaks.shm_segments", "no /dev/shm entry the loader's processes created outlives it (exhaustion, "
-                                "early break, a worker error)"),
-    Check("persistent.reuse", "persistent workers live as long as the loader",
-          requires=("persistent_workers",)),
-    Check("prefetch.bound", "in-flight batches never exceed prefetch_factor x num_workers"),
-    Check("sharding.exactly_once", "each sample exactly once per epoch, across workers and ranks",
-          requires=("iterable_dataset",)),
-    Check("transfer.shared_memory", "batch tensors arrive through shared memory"),
-    Check("exit.clean_interpreter", "a fresh interpreter that used the loader exits 0, prints nothing on "
-                                    "stderr and leaves nothing running", parallel_path=True),
-    Check("memory.epoch_growth", "a persistent worker's USS stays flat from epoch 2 to epoch 10",
-          requires=("persistent_workers",)),
-    Check("resume.state_dict", "stopping after k batches and resuming in a new loader gives exactly the rest",
-          requires=("state_dict",), contexts=("spawn", "forkserver")),
-    Check("speed.startup", "parallel start pays off in time to first batch", **_SPEED),
-    Check("speed.steady_state", "parallel start costs no steady-state throughput", **_SPEED),
-    Check("speed.memory", "parallel start costs no memory", **_SPEED),
-)}
+
+#: a line that opens a check's marker (a decorator, or ``pytestmark = ...``)
+_OPENS = re.compile(rf"^[ \t]*(?:@|pytestmark[ \t]*=[ \t]*)((?:{ALIAS}|pytest\.mark\.{MARKER})\()", re.M)
+
+
+def _markers(text: str):
+    """Each marker call in ``text``, parsed alone (the whole module's parse costs every pytest
+    startup ~50 ms; the markers' ~1 ms)."""
+    for m in _OPENS.finditer(text):
+        lines = text[m.start(1):].split("\n", 12)
+        for k in range(1, len(lines) + 1):
+            try:
+                yield ast.parse("\n".join(lines[:k]), mode="eval").body, text.count("\n", 0, m.start()) + 1
+                break
+            except SyntaxError:
+                continue
+
+
+@functools.cache
+def _read() -> dict[str, Check]:
+    found: dict[str, Check] = {}
+    for path in suite_modules():
+        module = ".".join(path.relative_to(SUITE_DIR).with_suffix("").parts)
+        for call, line in _markers(path.read_text()):
+            if isinstance(call, ast.Call) and (len(call.args) > 1 or call.keywords):
+                where = f"{path.name}:{line}"
+                check = _declared(call, module, where)
+                if check.id in found:
+                    raise ValueError(f"{where}: {check.id} is declared twice")
+                found[check.id] = check
+    return found
+
+
+def __getattr__(name: str):
+    if name == "CHECKS":  # read on first use: importing the registry reads no file
+        return _read()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get(check_id: str) -> Check:
     try:
-        return CHECKS[check_id]
+        return _read()[check_id]
     except KeyError:
-        raise KeyError(f"unknown check id {check_id!r}: add it to pytest_workerstart/registry.py") from None
+        raise KeyError(f"unknown check id {check_id!r}: no conformance function declares it "
+                       f"(@pytest.mark.{MARKER}(ID, TITLE, ...))") from None

@@ -207,7 +207,7 @@ def _tox(args):
 
 
 def _torchrun(args):
-    from pytest_workerstart import distributed
+    from pytest_workerstart.conformance.sharding import ranks as distributed
 
     i = args.index("-m")
     assert args[i + 1] == "pytest_workerstart.distributed"

@@ -3,9 +3,9 @@ streams: right streams pass, and each defect the checks exist for is named."""
 
 import random
 
-from pytest_workerstart.conformance import order_judges
-from pytest_workerstart.probes import epochs
-from pytest_workerstart.probes.epochs import Run
+from pytest_workerstart.conformance.order import judges as order_judges
+from pytest_workerstart.conformance.order import streams as epochs
+from pytest_workerstart.conformance.order.streams import Run
 
 N = epochs.WORKERS
 

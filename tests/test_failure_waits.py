@@ -10,9 +10,9 @@ import types
 import pytest
 
 from pytest_workerstart import scenarios
+from pytest_workerstart.conformance.failure import child_faults
 from pytest_workerstart.harness import driver_death
 from pytest_workerstart.probes import leaks
-from pytest_workerstart.scenarios import child_faults
 
 
 @pytest.mark.parametrize(("boot", "expected"), [(0.0, 5.0), (1.0, 5.0), (2.5, 5.0), (3.4, 6.8), (10.0, 20.0)])
@@ -21,7 +21,7 @@ def test_leak_patience_is_two_boots_at_least_five_seconds(boot, expected):
 
 
 def test_driver_death_bound_is_the_setting_else_a_poll_plus_the_patience():
-    from conformance.test_driver_death import PARENT_POLL_S, _bound
+    from pytest_workerstart.conformance.failure.test_driver_death import PARENT_POLL_S, _bound
 
     def env(setting, boot):
         return types.SimpleNamespace(settings=types.SimpleNamespace(driver_death_timeout=setting),

@@ -1,8 +1,13 @@
-"""The registry is the one list of check ids: markers, docs and broken loaders agree with it."""
+"""The registry is the one list of check ids, read from the checks' declarations: the markers
+pytest sees, the docs and the broken loaders agree with it."""
 
 import ast
+import importlib
 import re
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from pytest_workerstart import registry
 from pytest_workerstart.fixtures.broken import catalog
@@ -12,27 +17,54 @@ CATCHES, SPEED_CATCHES = catalog.load()
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _marked_ids() -> dict[str, set[str]]:
-    """check id -> conformance modules whose functions carry its marker."""
-    out: dict[str, set[str]] = {}
-    for path in (ROOT / "conformance").glob("test_*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef):
-                for dec in node.decorator_list:
-                    if isinstance(dec, ast.Call) and getattr(dec.func, "id", "") == "check":
-                        assert len(dec.args) == 1 and not dec.keywords, (
-                            f"{path.name}:{node.name}: a marker names its id only; requirements live in the registry")
-                        out.setdefault(dec.args[0].value, set()).add(path.stem)
+def _markers() -> dict[str, list[tuple[str, Any]]]:
+    """check id -> (module, marker) of every function pytest would see carrying its marker."""
+    import pytest_workerstart.conformance as suite
+
+    out: dict[str, list[tuple[str, Any]]] = {}
+    for module in suite._MODULES:
+        for name, fn in vars(importlib.import_module(f"{suite.__name__}.{module}")).items():
+            for mark in getattr(fn, "pytestmark", ()) if name.startswith("test_") else ():
+                if mark.name == registry.MARKER:
+                    out.setdefault(mark.args[0], []).append((module, mark))
     return out
 
 
-def test_markers_match_the_registry():
-    marked = _marked_ids()
+def test_the_registry_is_what_the_markers_declare():
+    """Read from the source, the table equals the markers pytest sees: each id declared once (id,
+    title, requirements), its other functions naming the id only, all in the declaring module."""
+    marked = _markers()
     assert set(marked) == set(registry.CHECKS), (
-        f"marked but not registered: {sorted(set(marked) - set(registry.CHECKS))}; "
-        f"registered but never marked: {sorted(set(registry.CHECKS) - set(marked))}")
-    for check_id, modules in marked.items():
-        assert modules == {registry.CHECKS[check_id].conformance_module}, (check_id, modules)
+        f"marked but not declared: {sorted(set(marked) - set(registry.CHECKS))}; "
+        f"declared but never marked: {sorted(set(registry.CHECKS) - set(marked))}")
+    for check_id, marks in marked.items():
+        declared = registry.CHECKS[check_id]
+        declarations = [m for _, m in marks if len(m.args) > 1 or m.kwargs]
+        assert len(declarations) == 1, (check_id, declarations)
+        at_runtime = registry.Check(*declarations[0].args, module=declared.module, **declarations[0].kwargs)
+        assert at_runtime == declared, (check_id, at_runtime, declared)
+        assert {module for module, _ in marks} == {declared.module}, (check_id, marks)
+
+
+def test_a_declaration_that_is_not_literal_is_refused(tmp_path, monkeypatch):
+    room = tmp_path / "start"
+    room.mkdir()
+    (room / "test_start.py").write_text('REQ = ("x",)\n\n\n@check("start.a", "a title", requires=REQ)\n'
+                                        'def test_a(check_env):\n    pass\n')
+    monkeypatch.setattr(registry, "SUITE_DIR", tmp_path)
+    registry._read.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=r"test_start.py:4: a check's declaration holds literals only"):
+            registry.get("start.a")
+        (room / "test_start.py").write_text('@check("start.a", "a title",\n       requires=("timeout",))\n'
+                                            'def test_a(check_env):\n    pass\n')
+        registry._read.cache_clear()
+        assert registry.get("start.a") == registry.Check("start.a", "a title", ("timeout",), module="start.test_start")
+        with pytest.raises(KeyError, match="no conformance function declares it"):
+            registry.get("start.b")
+    finally:
+        monkeypatch.undo()
+        registry._read.cache_clear()
 
 
 def test_contract_tables_match_the_registry():
@@ -46,7 +78,7 @@ def test_contract_tables_match_the_registry():
     documented = set(re.findall(r"^\| `([a-z_]+\.[a-z_]+)` \|", text, re.M))
     assert documented == set(registry.CHECKS), sorted(documented ^ set(registry.CHECKS))
     for check_id, check in registry.CHECKS.items():
-        heading = registry.CLAUSES[check.clause][1]
+        heading = registry.CLAUSES[check.clause]
         row = re.search(rf"^\| `{re.escape(check_id)}` \|.*$", sections[heading], re.M)
         assert row, f"{check_id} is not in the '{heading}' table of docs/contract.md"
         named = set(re.findall(r"`([A-Z]\w+)`", row.group(0).split("|")[-2]))
@@ -72,7 +104,7 @@ def test_every_capability_is_read_by_a_check():
 
     required = {cap for check in registry.CHECKS.values() for cap in check.requires}
     inline = set()
-    judges = [*(ROOT / "conformance").glob("test_*.py"), ROOT / "pytest_workerstart" / "explore.py"]
+    judges = [*(ROOT / "conformance").rglob("test_*.py"), ROOT / "pytest_workerstart" / "explore.py"]
     for path in judges:
         inline |= set(re.findall(r"""(?:\.has\(|capabilities\.get\()["']([a-z_]+)["']""", path.read_text()))
     assert set(CAPABILITIES) <= required | inline, sorted(set(CAPABILITIES) - required - inline)
@@ -81,9 +113,10 @@ def test_every_capability_is_read_by_a_check():
 def test_conformance_package_lists_every_module():
     import pytest_workerstart.conformance as suite
 
-    modules = {p.stem for p in (ROOT / "conformance").glob("test_*.py")}
+    modules = {".".join(p.relative_to(ROOT / "conformance").with_suffix("").parts)
+               for p in (ROOT / "conformance").rglob("test_*.py")}
     assert set(suite._MODULES) == modules
-    assert {c.conformance_module for c in registry.CHECKS.values()} == modules
+    assert {c.module for c in registry.CHECKS.values()} == modules
 
 
 def test_the_id_location_table_is_current():
@@ -93,3 +126,26 @@ def test_the_id_location_table_is_current():
     text = id_locations.DOC.read_text()
     assert id_locations.replaced(text, id_locations.render()) == text, (
         "docs/development.md is stale: run `python -m tools.id_locations --write`")
+
+
+#: what a room's non-check module (judges, scenario code) may never import: the session that
+#: collects (scenario code runs where none does) and the check modules
+_FORBIDDEN = ("pytest_workerstart.session", "pytest_workerstart.plugin", "pytest_workerstart.checkenv",
+              "pytest_workerstart.api")
+
+
+def test_room_modules_keep_the_rooms_import_rule():
+    rooms = ROOT / "conformance"
+    for path in rooms.glob("*/*.py"):
+        if path.name.startswith("test_") or path.name == "__init__.py":
+            continue
+        text = path.read_text()
+        doc = text.split('"""')[1]
+        if "fresh interpreter" in doc:
+            assert "the rooms' rule" in doc, f"{path}: a scenario module says its import rule at its top"
+        for node in ast.walk(ast.parse(text)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert not name.startswith(_FORBIDDEN), f"{path.relative_to(ROOT)} imports {name}"
+                assert ".test_" not in f".{name}", f"{path.relative_to(ROOT)} imports a check module: {name}"

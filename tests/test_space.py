@@ -10,7 +10,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from pytest_workerstart import explore, space
-from pytest_workerstart.conformance.test_sharding import _served, expected_batches
+from pytest_workerstart.conformance.sharding.test_sharding import _served, expected_batches
 from pytest_workerstart.datasets import ShardedRange
 from pytest_workerstart.space import Point
 

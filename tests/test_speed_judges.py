@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_workerstart.conformance.speed_judges import memory_problems, startup_problems, steady_problems, undecided
+from pytest_workerstart.conformance.speed.judges import memory_problems, startup_problems, steady_problems, undecided
 from pytest_workerstart.fixtures.broken import catalog
 
 _, SPEED_CATCHES = catalog.load()

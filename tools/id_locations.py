@@ -37,10 +37,12 @@ def _imports(tree: ast.Module) -> dict[str, str]:
 
 def _module_of(qualified: str) -> str:
     """``probes.leaks.LeakSnapshot`` -> ``probes/leaks``: the file a name lives in."""
+    from pytest_workerstart.registry import SUITE_DIR
+
     parts = qualified.split(".")
     root = Path(__file__).resolve().parent.parent / "pytest_workerstart"
     for k in range(len(parts), 0, -1):
-        path = root.joinpath(*parts[:k])
+        path = (SUITE_DIR.joinpath(*parts[1:k]) if parts[0] == "conformance" else root.joinpath(*parts[:k]))
         if path.with_suffix(".py").exists() or (path / "__init__.py").exists():
             return "/".join(parts[:k])
     return "/".join(parts[:-1])
@@ -71,6 +73,39 @@ def _uses(module, func_name: str) -> set[str]:
     return {u for u in used if u.split("/")[0] not in FOUNDATIONS or u.startswith("conformance/")}
 
 
+def _room_files(funcs, uses: set[str]) -> list[str]:
+    """The files that hold an id's logic: its room's modules its checks are in or reach (checks,
+    judges, scenario code), and the space table where the id's space has corners of its own."""
+    from pytest_workerstart import space
+
+    files = {m.__name__.removeprefix(f"{PACKAGE}conformance.").replace(".", "/") for m, _ in funcs}
+    files |= {u.removeprefix("conformance/") for u in uses if u.startswith("conformance/")}
+    found = [f"conformance/{f}.py" for f in sorted(files)]
+    own = space.get(_check_id_of(funcs)) if funcs else None
+    if own is not None and any(c not in space.DATA_CORNERS for c in own.corners):
+        found.append("pytest_workerstart/space.py")
+    return found
+
+
+def _imported_by(files: list[str]) -> set[str]:
+    """Package modules outside the foundations that the room's other files import."""
+    from pytest_workerstart.registry import SUITE_DIR
+
+    out = set()
+    for f in files:
+        if f.startswith("conformance/") and not Path(f).name.startswith("test_"):
+            tree = ast.parse((SUITE_DIR / f.removeprefix("conformance/")).read_text())
+            out |= {_module_of(q) for q in _imports(tree).values()}
+    return {u for u in out if u.split("/")[0] not in FOUNDATIONS}
+
+
+def _check_id_of(funcs) -> str:
+    for mark in getattr(getattr(funcs[0][0], funcs[0][1]), "pytestmark", ()):
+        if mark.name == "workerstart_check":
+            return mark.args[0]
+    raise LookupError(funcs)
+
+
 def rows() -> list[tuple[str, str, str, str]]:
     from pytest_workerstart import registry
     from pytest_workerstart.conformance import by_check_id
@@ -81,16 +116,19 @@ def rows() -> list[tuple[str, str, str, str]]:
     out = []
     for check_id in registry.CHECKS:
         funcs = by_id.get(check_id, [])
-        where = ", ".join(sorted({f"`{m.__name__.rpartition('.')[2]}.py::{n}`" for m, n in funcs}))
-        uses = sorted({u for m, n in funcs for u in _uses(m, n)})
+        uses = {u for m, n in funcs for u in _uses(m, n)}
+        logic = _room_files(funcs, uses)
+        shared = sorted({u for u in uses | _imported_by(logic) if not u.startswith("conformance/")})
         broken = sorted({f"`{c.loader}`" for c in (*catches.values(), *speed_catches.values())
                          if check_id in c.targets})
-        out.append((f"`{check_id}`", where, ", ".join(f"`{u}`" for u in uses) or "(none)", ", ".join(broken)))
+        out.append((f"`{check_id}`", f"{len(logic)}: " + ", ".join(f"`{f}`" for f in logic),
+                    ", ".join(f"`{u}`" for u in shared) or "(none)", ", ".join(broken)))
     return out
 
 
 def render() -> str:
-    lines = ["| id | check (conformance/) | uses (pytest_workerstart/) | broken loaders (fixtures/broken/) |",
+    lines = ["| id | files holding its logic (checks, judges, scenario code, constants) | machinery it uses "
+             "(pytest_workerstart/) | broken loaders (fixtures/broken/) |",
              "| --- | --- | --- | --- |"]
     lines += [f"| {' | '.join(r)} |" for r in rows()]
     return "\n".join(lines) + "\n"

@@ -45,12 +45,12 @@ from pytest_workerstart.probes import leaks
 
 #: imported once in the zygote (never the loader's own module: user code stays in the child)
 PRELOAD = ("torch", "psutil", "pytest", "pytest_workerstart.scenarios", "pytest_workerstart.protocol",
-           *(f"pytest_workerstart.scenarios.{m}" for m in ("child_faults", "interrupt", "forkserver_died",
-                                                           "driver_death", "clean_exit")),
+           *(f"pytest_workerstart.conformance.{m}" for m in (  # the rooms' scenario modules
+               "failure.child_faults", "failure.interrupt", "failure.forkserver_died", "failure.driver_death",
+               "exit.clean_exit", "sharding.ranks")),
            "pytest_workerstart.session.preflight", "pytest_workerstart.harness.forkserver",
            "pytest_workerstart.probes.context", "pytest_workerstart.probes.leaks",
-           "pytest_workerstart.probes.faults", "pytest_workerstart.datasets",
-           "pytest_workerstart.distributed")
+           "pytest_workerstart.probes.faults", "pytest_workerstart.datasets")
 START_TIMEOUT_S = 120.0
 #: what a fresh interpreter pays for the first preload: one spawn worker's boot
 BOOT_MODULE = "torch.utils.data"

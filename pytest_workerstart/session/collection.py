@@ -7,7 +7,6 @@ import os
 import platform
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
@@ -16,9 +15,7 @@ from pytest_workerstart.session.waits import CHECK_TIMEOUT_S
 from pytest_workerstart.settings import Settings
 from pytest_workerstart.verdict import Verdict, parse_nodeid
 
-SUITE_DIR = Path(__file__).resolve().parent.parent / "conformance"
-if not SUITE_DIR.is_dir():  # running from a source checkout (editable install)
-    SUITE_DIR = Path(__file__).resolve().parent.parent.parent / "conformance"
+SUITE_DIR = registry.SUITE_DIR
 
 
 def add_suite_path(config: pytest.Config) -> None:

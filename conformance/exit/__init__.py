@@ -1,0 +1,1 @@
+"""The exit clause: a program that used the loader ends cleanly."""

@@ -1,0 +1,51 @@
+"""exit.clean_interpreter: a program that used the loader ends cleanly.
+
+Judged from outside a scenario interpreter (forked from the suite's preloaded
+zygote, :mod:`pytest_workerstart.harness.zygote`; see
+:mod:`pytest_workerstart.harness.clean_exit`): exit status 0, nothing at all on
+stderr (no ``resource_tracker: There appear to be N leaked semaphore objects``, no
+``Exception ignored in``, no warning) from the loader's first build on (what importing its
+packages printed before is reported as ``stderr_before_build``, not judged), and nothing it started still running
+``--workerstart-exit-timeout`` seconds after it exited. The truth is the
+interpreter's own exit status and output, not anything the loader reports.
+"""
+
+import pytest
+
+from pytest_workerstart import scenarios
+from pytest_workerstart.conformance.exit.clean_exit import scenario_clean_exit
+from pytest_workerstart.cores import usable_cores
+from pytest_workerstart.harness.clean_exit import CleanExit
+from pytest_workerstart.harness.lookahead import planned_scenario
+from pytest_workerstart.verdict import record_measurements
+
+check = pytest.mark.workerstart_check
+N = 2
+ENDINGS = ["exhaustion", "persistent", "early_break", "keyboard_interrupt"]
+
+
+def _plan(env, ending):
+    if env.settings.profile == "quick" and ending != "early_break":
+        pytest.skip("quick profile: the early break only (workers alive at exit)")
+    if ending == "persistent" and not env.loader.has("persistent_workers"):
+        pytest.skip("loader does not declare capability 'persistent_workers'")
+    # no more workers than cores: torch warns on stderr otherwise, rightly, about the test's choice
+    n = max(1, min(N, usable_cores()))
+    # Forked from the zygote (torch already imported, nothing else: the loader's module, its
+    # resource tracker, forkserver and workers are the child's own), the child ends through the
+    # interpreter's normal exit, which is what is judged; only torch's own import-time output
+    # would not reach its stderr, and that is not the loader's.
+    return scenarios.planned(env, scenario_clean_exit, timeout=180, exit_grace=env.settings.exit_timeout,
+                             ending=ending, num_workers=n, parallelism=env.parallelism(n))
+
+
+@check("exit.clean_interpreter", "a fresh interpreter that used the loader exits 0, prints nothing on "
+       "stderr and leaves nothing running", parallel_path=True)
+@planned_scenario(_plan)
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_clean_interpreter(check_env, ending):
+    ended = CleanExit(check_env.scenario_result())
+    if ended.before_build.strip():
+        record_measurements(check_env.request.node, stderr_before_build=ended.before_build.strip()[-600:])
+    problems = ended.problems()
+    assert not problems, f"after {ending.replace('_', ' ')}: " + "; ".join(problems)

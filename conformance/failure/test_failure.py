@@ -1,0 +1,231 @@
+"""Failure clause: a failed start, a dying child, a failing worker_init_fn or a
+Ctrl-C mid-start gives a clear error naming the worker, and leaves nothing.
+
+Leak contract (see ``CheckEnv.assert_clean_around``): while the exception is
+still referenced, no live or zombie child and no extra thread; once released
+and collected, no extra fd, semaphore or shm segment. ``--workerstart-strict``
+also fails on what only the referenced exception keeps alive.
+
+Checks whose loader might hang or take the driver down (child faults,
+SIGINT) run in a fresh interpreter under the scenario runner's hard timeout.
+"""
+
+import re
+
+import pytest
+import torch
+
+from pytest_workerstart import scenarios
+from pytest_workerstart.bounded import batches_of
+from pytest_workerstart.conformance.failure import child_faults, forkserver_died, interrupt
+from pytest_workerstart.datasets import WorkerTagDataset
+from pytest_workerstart.harness.clean_exit import CleanExit
+from pytest_workerstart.harness.lookahead import planned_scenario
+from pytest_workerstart.probes.faults import (
+    FaultPlan,
+    InjectedStartError,
+    InjectedWorkerInitError,
+    exception_chain,
+    position_to_worker,
+)
+from pytest_workerstart.verdict import record_measurements
+
+check = pytest.mark.workerstart_check
+N = 3
+
+
+def _positions(check_env):
+    return ["middle"] if check_env.settings.profile == "quick" else ["first", "middle", "last"]
+
+
+def _ps(check_env):
+    if not check_env.parallel_start_here:
+        return [None]
+    return [N] if check_env.settings.profile == "quick" else [1, N]
+
+
+def _assert_names_worker(exc, worker, pids=()):
+    text = " | ".join(f"{type(e).__name__}: {e}" for e in exception_chain(exc))
+    names = [f"worker {worker}", f"worker process {worker}", *(f"pid {p}" for p in pids), *(str(p) for p in pids)]
+    assert any(n in text for n in names), f"the error does not name worker {worker}: {text[:400]}"
+
+
+def _take_batches(loader, n):
+    """The error may come at iter() or at any next() up to the first batch that
+    needs the failed worker (batch k of an in-order loader): a loader may defer
+    starts it does not need yet, but never yields past a worker that failed."""
+    it = iter(loader)
+    for _ in range(n):
+        next(it)
+
+
+@check("failure.parent_start_error", "a failing start() surfaces naming the worker; leak rule")
+@pytest.mark.parametrize("position", ["first", "middle", "last"])
+def test_parent_start_error(check_env, position):
+    if position not in _positions(check_env):
+        pytest.skip("quick profile: one fault position")
+    k = position_to_worker(position, N)
+    for p in _ps(check_env):
+        before = check_env.snapshot()
+        ctx = check_env.context(N, faults=FaultPlan.start_error(k))
+        loader = check_env.make(WorkerTagDataset(12), num_workers=N, ctx=ctx, parallelism=p)
+        held = check_env.run_expecting_failure(lambda loader=loader: _take_batches(loader, k + 1))
+        chain = list(exception_chain(held.exc))
+        assert any(isinstance(e, InjectedStartError) for e in chain), (
+            f"p={p}: expected the injected OSError (or an error chained from it), got {held.exc!r}")
+        if not isinstance(held.exc, InjectedStartError):
+            _assert_names_worker(held.exc, k)
+        del chain
+        check_env.assert_clean_around(before, held, f"start of worker {k} failed (p={p})", N, ctx)
+        del loader
+
+
+@check("failure.worker_init_error", "a raising worker_init_fn surfaces with the worker's id",
+       requires=("worker_init_fn",))
+def test_worker_init_error(check_env, tmp_path):
+    k = 1
+    before = check_env.snapshot()
+    ctx = check_env.context(N)
+    loader = check_env.make(WorkerTagDataset(12), num_workers=N, ctx=ctx, parallelism=check_env.parallelism(N),
+                            worker_init_fn=FaultPlan.worker_init_fn(k))
+    held = check_env.run_expecting_failure(lambda loader=loader: batches_of(loader))
+    assert any(isinstance(e, InjectedWorkerInitError) or "InjectedWorkerInitError" in str(e)
+               for e in exception_chain(held.exc)), f"the worker_init_fn error did not surface: {held.exc!r}"
+    _assert_names_worker(held.exc, k)
+    check_env.release_held(held, N, ctx)
+    del loader
+    check_env.assert_clean(before, f"worker_init_fn of worker {k} raised")
+
+
+@check("failure.retry_after_failure", "after a failed start, a fresh iter() yields the truth")
+@pytest.mark.parametrize("failure", ["parent_start_error", "worker_init_error"])
+def test_retry_after_failure(check_env, failure, tmp_path):
+    k = 1
+    ds = WorkerTagDataset(12)
+    truth = [int(i) for b in batches_of(torch.utils.data.DataLoader(ds, batch_size=2)) for i in b["index"]]
+    p = check_env.parallelism(N)
+    if failure == "parent_start_error":
+        ctx = check_env.context(N, faults=FaultPlan.start_error(k))
+        loader = check_env.make(ds, num_workers=N, ctx=ctx, parallelism=p)
+    else:
+        if not check_env.loader.has("worker_init_fn"):
+            pytest.skip("loader does not declare capability 'worker_init_fn'")
+        ctx = check_env.context(N)
+        loader = check_env.make(ds, num_workers=N, ctx=ctx, parallelism=p,
+                         worker_init_fn=FaultPlan.worker_init_fn(k, once_path=str(tmp_path / "fired")))
+    held = check_env.run_expecting_failure(lambda: batches_of(loader))
+    check_env.release_held(held, N, ctx)
+    ctx.begin_generation()
+    got = [int(i) for b in batches_of(loader) for i in b["index"]]
+    assert got == truth, f"after a {failure}, a fresh iter() gave {got[:8]}... instead of the truth {truth[:8]}..."
+
+
+def _child_fault(fault: str, loader_timeout: float):
+    """The plan of a worker fault during start (``loader_timeout`` 0: the loader's
+    default, none: a dead worker must be noticed, not timed out)."""
+    def plan(env):
+        # the hang's timeout grows with the boot cost, and doubles on each inconclusive try
+        # (child_faults.scenario_child_fault): so does the bound
+        bound = max(60.0, 2 * (env.step_timeout(N) or 30.0)) * child_faults.HANG_TRIES if loader_timeout else 40
+        return scenarios.planned(env, child_faults.scenario_child_fault, timeout=bound, fault=fault, worker=1,
+                                 num_workers=N, parallelism=env.parallelism(N), loader_timeout=loader_timeout,
+                                 boot_cost=env.boot_cost())
+    return plan
+
+
+#: the ``timeout=`` a worker hang is asked to be noticed in, before it is raised to cover boots
+#: (:func:`pytest_workerstart.conformance.failure.child_faults.hang_timeout`)
+HANG_TIMEOUT_S = 2.0
+
+
+def _judge_child_fault(check_env, timeout: float | None = None) -> None:
+    out = scenarios.value_of(check_env.scenario_result())
+    record_measurements(check_env.request.node, **{k: round(out[k], 2) if isinstance(out[k], float) else out[k]
+                                                   for k in child_faults.CHILD_FAULT_MEASUREMENTS if k in out})
+    child_faults.judge_child_fault(out, worker=1, timeout=timeout)
+
+
+@check("failure.child_exit_during_start", "a worker exiting during boot gives an error naming it")
+@planned_scenario(_child_fault("child_exit", loader_timeout=0))
+def test_child_exit_during_start(check_env):
+    _judge_child_fault(check_env)
+
+
+@check("failure.child_killed_during_start", "a worker killed during boot gives an error naming it")
+@planned_scenario(_child_fault("child_kill", loader_timeout=0))
+def test_child_killed_during_start(check_env):
+    _judge_child_fault(check_env)
+
+
+@check("failure.child_hang_during_start", "a worker hanging during boot is timed out, naming it",
+       requires=("timeout",))
+@planned_scenario(_child_fault("child_hang", loader_timeout=HANG_TIMEOUT_S))
+def test_child_hang_during_start(check_env):
+    _judge_child_fault(check_env, timeout=HANG_TIMEOUT_S)
+
+
+def _interrupt_plan(env):
+    return scenarios.planned(env, interrupt.scenario_interrupt, timeout=90, worker=1, num_workers=N,
+                             parallelism=env.parallelism(N), boot_cost=env.boot_cost())
+
+
+@check("failure.interrupt_during_start", "Ctrl-C while workers start leaves nothing")
+@planned_scenario(_interrupt_plan)
+def test_interrupt_during_start(check_env):
+    interrupt.judge_interrupt(scenarios.value_of(check_env.scenario_result()), strict=check_env.settings.strict)
+
+
+#: what an error after the forkserver died must say: that it, or the workers, are gone
+SAYS_DIED = re.compile(r"forkserver|fork server|exited|died|dead|killed|terminated|no longer (alive|running)", re.I)
+
+
+FORKSERVER_DIED_WORKERS = 2  # the scenario's epochs are range(4 * workers): the truth below
+
+
+def _forkserver_died_bound(env) -> float:
+    return env.step_timeout(2) or 120.0
+
+
+def _forkserver_died_plan(env, iterators):
+    persistent = iterators == "persistent"
+    if persistent and not env.loader.has("persistent_workers"):
+        pytest.skip("loader does not declare capability 'persistent_workers'")
+    n = FORKSERVER_DIED_WORKERS
+    return scenarios.planned(env, forkserver_died.scenario_forkserver_died, timeout=_forkserver_died_bound(env) + 30,
+                             exit_grace=env.settings.exit_timeout, persistent=persistent, num_workers=n,
+                             parallelism=env.parallelism(n))
+
+
+@check("failure.forkserver_died", "the forkserver killed between epochs: the next epoch works or raises saying "
+       "so, within the step bound; nothing left", contexts=("forkserver",))
+@planned_scenario(_forkserver_died_plan)
+@pytest.mark.parametrize("iterators", ["fresh", "persistent"])
+def test_forkserver_died(check_env, iterators):
+    """The forkserver is killed between two epochs (in a scenario interpreter: the
+    suite's own server stays): the next epoch is the truth, or an error that says the
+    server or the workers died, within the step bound, and nothing is left after exit."""
+    bound = _forkserver_died_bound(check_env)
+    res = check_env.scenario_result()
+    if res.status == "hang":
+        pytest.fail(f"after the forkserver was killed, the next epoch neither worked nor raised within "
+                    f"{bound + 30:.0f} s, the step bound {bound:.0f} s + 30 s for the first epoch "
+                    f"({iterators} iterators)\n{res.details()}", pytrace=False)
+    if res.status != "ok":
+        pytest.fail(res.details(), pytrace=False)
+    out = res.value
+    if not out["servers"]:
+        pytest.skip("the loader started no forkserver process of its own or multiprocessing's under forkserver")
+    truth = list(range(4 * FORKSERVER_DIED_WORKERS))
+    assert out["first"] == truth, f"the first epoch gave {out['first']}, not {truth}"
+    if "error" in out:
+        assert SAYS_DIED.search(out["error"]), (
+            f"after the forkserver was killed the next epoch raised an error that does not say the server or its "
+            f"workers died ({iterators} iterators): {out['error'][:400]}")
+    else:
+        assert out["second"] == truth, (
+            f"after the forkserver was killed the next epoch gave {out['second']}, not {truth}")
+    assert out["elapsed_s"] <= bound, (
+        f"after the forkserver was killed the next epoch took {out['elapsed_s']:.1f} s to "
+        f"{'fail' if 'error' in out else 'end'}, above the step bound {bound:.1f} s ({iterators} iterators)")
+    problems = [p for p in CleanExit(res).problems() if "stderr" not in p]
+    assert not problems, f"after the forkserver was killed ({iterators} iterators): " + "; ".join(problems)

@@ -1,0 +1,1 @@
+"""The memory clause: a persistent worker's memory stays flat over epochs."""

@@ -1,0 +1,1 @@
+"""The persistent clause: persistent workers live as long as the loader."""

@@ -1,0 +1,1 @@
+"""The resume clause: a state_dict taken after k batches resumes with exactly the rest."""

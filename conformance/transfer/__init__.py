@@ -1,0 +1,1 @@
+"""The transfer clause: batch tensors arrive through shared memory."""
