@@ -28,7 +28,8 @@ def check_functions() -> dict[str, list[tuple[str, str]]]:
     """check id -> [(conformance module, function name)] of the functions that carry its marker."""
     from pytest_workerstart.conformance import by_check_id
 
-    return {i: [(fn.__module__.rpartition(".")[2], name) for name, fn in fns] for i, fns in by_check_id().items()}
+    return {i: [(fn.__module__.removeprefix("pytest_workerstart.conformance."), name) for name, fn in fns]
+            for i, fns in by_check_id().items()}
 
 
 def module_source(spec: str, ids: Iterable[str]) -> str:

@@ -32,6 +32,6 @@ def test_a_batch_module_imports_exactly_the_selected_checks():
     source = _batch.module_source("pkg.mod:Loader", ["leaks.clean_exit", "start.default_serial"])
     tree = ast.parse(source)
     imported = {(n.module, a.name) for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
-    assert imported == {("pytest_workerstart.conformance.test_leaks", "test_clean_exit"),
-                        ("pytest_workerstart.conformance.test_start", "test_default_serial")}
+    assert imported == {("pytest_workerstart.conformance.leaks.test_leaks", "test_clean_exit"),
+                        ("pytest_workerstart.conformance.start.test_start", "test_default_serial")}
     assert "return 'pkg.mod:Loader'" in source

@@ -59,7 +59,7 @@ def test_each_module_judges_its_own_loader(pytester):
                        ("test_altered", "pytest_workerstart.fixtures.broken.on_torch:AltersSamples")):
         pytester.makepyfile(**{name: f"""
             import pytest
-            from pytest_workerstart.conformance.test_digest import test_first_batch  # noqa: F401
+            from pytest_workerstart.conformance.digest.test_digest import test_first_batch  # noqa: F401
             from pytest_workerstart.conformance.order.test_order import test_worker_seeds  # noqa: F401
 
             @pytest.fixture(scope="module")

@@ -17,8 +17,10 @@ def test_wheel_contents(tmp_path):
                    check=True, capture_output=True, timeout=600)
     (wheel,) = tmp_path.glob("pytest_workerstart-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    suite = {Path(n).name for n in names if n.startswith("pytest_workerstart/conformance/")}
-    assert {p.name for p in (ROOT / "conformance").glob("*.py")} <= suite, "conformance/ is not all in the wheel"
+    suite = {n.removeprefix("pytest_workerstart/conformance/") for n in names
+             if n.startswith("pytest_workerstart/conformance/")}
+    assert {str(p.relative_to(ROOT / "conformance")) for p in (ROOT / "conformance").rglob("*.py")} <= suite, (
+        "conformance/ is not all in the wheel")
     assert "pytest_workerstart/datasets.py" in names
     assert "pytest_workerstart/fixtures/public.py" in names
     assert "pytest_workerstart/fixtures/broken/loaders.py" in names
