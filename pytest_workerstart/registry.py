@@ -34,10 +34,10 @@ CLAUSES = {
     "prefetch": "Leaks and seed properties",
     "sharding": "Leaks and seed properties",
     "transfer": "Leaks and seed properties",
-    "speed": "Speed",
     "exit": "Exit",
     "memory": "Memory",
     "resume": "Resume",
+    "speed": "Speed",
 }
 #: The marker that declares a check, and the local name the suite's modules give it.
 MARKER, ALIAS = "workerstart_check", "check"

@@ -149,3 +149,34 @@ def test_room_modules_keep_the_rooms_import_rule():
             for name in names:
                 assert not name.startswith(_FORBIDDEN), f"{path.relative_to(ROOT)} imports {name}"
                 assert ".test_" not in f".{name}", f"{path.relative_to(ROOT)} imports a check module: {name}"
+
+
+def test_the_contract_page_is_rendered_from_the_rooms():
+    """docs/contract.md's clause sections are the rooms' texts and each declaring function's docstring."""
+    from tools import contract_page
+
+    text = contract_page.PAGE.read_text()
+    assert contract_page.replaced(text, contract_page.render()) == text, (
+        "docs/contract.md is stale: run `python -m tools.contract_page --write`")
+
+
+def test_a_docstring_names_a_constant_its_module_has():
+    import types
+
+    from tools import contract_page
+
+    module = types.SimpleNamespace(__name__="room.test_x", N=3, BOUND_S=2.0)
+
+    def check():
+        """N = ${N} workers within ${BOUND_S} s
+
+        Observed by: a probe
+        """
+
+    assert contract_page.cells(check, module) == ("N = 3 workers within 2 s", "a probe")
+    check.__doc__ = "uses ${MISSING}\n\nObserved by: x"
+    with pytest.raises(LookupError, match="room.test_x has no constant MISSING"):
+        contract_page.cells(check, module)
+    check.__doc__ = "no observation paragraph"
+    with pytest.raises(LookupError, match="has no 'Observed by:' paragraph"):
+        contract_page.cells(check, module)

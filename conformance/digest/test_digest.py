@@ -59,6 +59,13 @@ def _expected_content(dataset, indices: list[int]) -> str:
        "dataset's content")
 @pytest.mark.parametrize("kind", ["map_nested", "iterable", "augmented"])
 def test_first_batch(check_env, kind):
+    """the first batch's SHA-256 is identical for p=1 and p=N and across contexts, its order equals the loader's
+    own `num_workers=0` order, and its content equals what the test process computes from the dataset for the
+    indices the batch carries (default collate) (nested map dataset, sharded iterable dataset; the per-worker
+    random augmentation is compared across p)
+
+    Observed by: canonical batch digest; the runs at N workers are the ones `digest.torch_parity` judges
+    """
     if kind == "map_nested":
         truth = batch_digest(in_process_truth(NestedMapDataset(32), check_env.loader.factory, shuffle=True,
                                               batch_size=4, generator=torch.Generator().manual_seed(7)))
@@ -105,6 +112,13 @@ def _torch_batches(kind: str, workers: int) -> list[str]:
        requires=("torch_parity",))
 @pytest.mark.parametrize("kind", ["map_shuffled", "iterable_sharded"])
 def test_torch_parity(check_env, kind):
+    """the first 3 batches equal torch's own `DataLoader`'s for the same arguments and an identically seeded
+    generator, at `num_workers=0` and N (p=N where declared): map-style shuffled (torch's batches computed in
+    the test process) and an IterableDataset sharded by worker (batch k from worker k mod N's shard); skipped
+    for a loader that declares `torch_parity=false`
+
+    Observed by: canonical batch digests
+    """
     if kind == "iterable_sharded" and not check_env.loader.has("iterable_dataset"):
         pytest.skip("loader does not declare capability 'iterable_dataset'")
     runs = [(0, None)] + [(N, p) for p in ([N] if check_env.parallel_start_here else [None])]

@@ -44,6 +44,24 @@ def _plan(env, ending):
 @planned_scenario(_plan)
 @pytest.mark.parametrize("ending", ENDINGS)
 def test_clean_interpreter(check_env, ending):
+    """a scenario interpreter (forked from the suite's zygote, which has imported torch and nothing of the loader;
+    the loader's module, resource tracker, forkserver and workers are its own) that uses the loader and then
+    ends through the interpreter's normal exit exits with status 0, writes nothing at all to stderr from the
+    loader's first build on (no `resource_tracker: There appear to be N leaked semaphore/shared_memory objects`,
+    no `Exception ignored in`, no warning; what importing the loader's packages printed before that build is
+    reported in the case's `measurements.stderr_before_build`, not judged), and nothing it started (workers,
+    forkserver, resource tracker) is still running `--workerstart-exit-timeout` seconds (default 5 s) after it
+    exited, nor is any `/dev/shm` entry its processes created (an untracked `SharedMemory` block says nothing on
+    stderr; such entries are unlinked by the suite). Four endings, each its own case: one epoch to the end; two
+    epochs with persistent workers (and `pin_memory=True` where an accelerator exists; without one torch pins
+    nothing), the loader still referenced at exit; `for batch in loader: break` with loader and batch still
+    referenced at exit; Ctrl-C as a terminal sends it (SIGINT to the scenario's process group, driver and
+    workers) in batch 2, caught by the script. `num_workers` = min(${N}, usable cores): more would make torch warn
+    on stderr, rightly, about the test's own choice. Quick profile: the early break only
+
+    Observed by: the interpreter's exit status, its stderr (and its descendants'), the processes of its session
+    after it exited
+    """
     ended = CleanExit(check_env.scenario_result())
     if ended.before_build.strip():
         record_measurements(check_env.request.node, stderr_before_build=ended.before_build.strip()[-600:])

@@ -48,6 +48,17 @@ def _plan(env, case, exit_mode):
 @pytest.mark.parametrize("case", ["after_first_batch", "mid_start"])
 @pytest.mark.parametrize("exit_mode", ["sigkill", "exit"])
 def test_driver_killed(check_env, case, exit_mode):
+    """killing the driving process (SIGKILL, and `os._exit(0)`) after the first batch or mid-start leaves no
+    worker, forkserver, resource tracker or `/dev/shm` entry (of those the scenario's tree mapped or held open
+    at the kill) after the bound (`--workerstart-driver-death-timeout`, default 5 s for a worker's poll of its
+    dead parent plus the failure patience, max(5 s, 2 × boot cost): 11-12 s on a quiet 2-core machine), unless
+    at the bound what is left is still exiting on its own (it used CPU, or fewer processes remain, in each 2 s)
+    and is gone within 3 bounds; the verdict records when the tree was gone (`gone_after_s`) beside the bound
+    (`bound_s`)
+
+    Observed by: process tree walked before the kill (pid + start time, never pid alone) plus the scenario's
+    session id; survivors listed with pid, cmdline and age, then killed
+    """
     bound = _bound(check_env)
     res = check_env.scenario_result()
     if res.setup_error:

@@ -62,6 +62,14 @@ def _take_batches(loader, n):
 @check("failure.parent_start_error", "a failing start() surfaces naming the worker; leak rule")
 @pytest.mark.parametrize("position", ["first", "middle", "last"])
 def test_parent_start_error(check_env, position):
+    """the k-th `start()` raising `OSError(EAGAIN)` (k first/middle/last, p in {1, N}) surfaces as that error or
+    one chained from it naming the worker (chained: through `__cause__`, or `__context__` unless suppressed;
+    `raise … from None` hides the original and does not count), at `iter()` or at a `next()` no later than the
+    one that needs worker k (batch k): a loader may defer starts the first batches do not need, but never yields
+    past a failed worker; leak rule
+
+    Observed by: fault plan in the instrumented context; leak snapshots
+    """
     if position not in _positions(check_env):
         pytest.skip("quick profile: one fault position")
     k = position_to_worker(position, N)
@@ -83,6 +91,11 @@ def test_parent_start_error(check_env, position):
 @check("failure.worker_init_error", "a raising worker_init_fn surfaces with the worker's id",
        requires=("worker_init_fn",))
 def test_worker_init_error(check_env, tmp_path):
+    """`worker_init_fn` raising in worker k surfaces with the worker's id; releasing the error sets off a shutdown
+    that returns within the failure patience, and nothing leaks once released
+
+    Observed by: picklable fault `worker_init_fn`
+    """
     k = 1
     before = check_env.snapshot()
     ctx = check_env.context(N)
@@ -100,6 +113,10 @@ def test_worker_init_error(check_env, tmp_path):
 @check("failure.retry_after_failure", "after a failed start, a fresh iter() yields the truth")
 @pytest.mark.parametrize("failure", ["parent_start_error", "worker_init_error"])
 def test_retry_after_failure(check_env, failure, tmp_path):
+    """after a failed start or init, a fresh `iter()` on the same loader yields the truth
+
+    Observed by:
+    """
     k = 1
     ds = WorkerTagDataset(12)
     truth = [int(i) for b in batches_of(torch.utils.data.DataLoader(ds, batch_size=2)) for i in b["index"]]
@@ -148,12 +165,23 @@ def _judge_child_fault(check_env, timeout: float | None = None) -> None:
 @check("failure.child_exit_during_start", "a worker exiting during boot gives an error naming it")
 @planned_scenario(_child_fault("child_exit", loader_timeout=0))
 def test_child_exit_during_start(check_env):
+    """a worker exiting non-zero during boot gives an error naming it (id or pid) without a loader timeout, within
+    5 s + slack of the last worker becoming ready (slack = max(10 s, 2 × the slowest boot measured in the
+    scenario); a loader still running 5 s past that bound is stopped there and fails); leak rule (no process or
+    thread of the loader alive while the error is held, nothing once released)
+
+    Observed by: child-side fault; scenario process with a hard timeout
+    """
     _judge_child_fault(check_env)
 
 
 @check("failure.child_killed_during_start", "a worker killed during boot gives an error naming it")
 @planned_scenario(_child_fault("child_kill", loader_timeout=0))
 def test_child_killed_during_start(check_env):
+    """same for a worker that SIGKILLs itself during boot
+
+    Observed by: same
+    """
     _judge_child_fault(check_env)
 
 
@@ -161,6 +189,20 @@ def test_child_killed_during_start(check_env):
        requires=("timeout",))
 @planned_scenario(_child_fault("child_hang", loader_timeout=HANG_TIMEOUT_S))
 def test_child_hang_during_start(check_env):
+    """a worker hanging during boot: a loader with `timeout=` at least ${HANG_TIMEOUT_S} s and at least k ×
+    num_workers × the boot cost measured in the run (one spawn worker's import of torch and the loader, timed by
+    the preflight; k = 1.5 under spawn, where every boot is such an import; k = 0.5 under forkserver and fork,
+    where a worker boots by forking but the scenario starts the server and slows down with the same load), since
+    the first batch waits for worker 0's boot, which competes with the others', raises within that timeout +
+    slack of the last worker becoming ready (slack = max(10 s, 2 × the slowest boot measured in the same
+    scenario), so other workers' boots on a loaded machine do not count), naming the worker; nothing left
+    running. A loader still running 5 s past that bound is stopped there and fails. A try whose timeout could
+    fire before a healthy worker was ready (the load rose since the boot cost was measured: the loader timed out
+    rightly) is inconclusive and runs again with twice the timeout, at most 3 tries; the verdict's message names
+    the try that was judged
+
+    Observed by: same
+    """
     _judge_child_fault(check_env, timeout=HANG_TIMEOUT_S)
 
 
@@ -172,6 +214,10 @@ def _interrupt_plan(env):
 @check("failure.interrupt_during_start", "Ctrl-C while workers start leaves nothing")
 @planned_scenario(_interrupt_plan)
 def test_interrupt_during_start(check_env):
+    """SIGINT while workers start gives `KeyboardInterrupt`, nothing alive while held, nothing leaked
+
+    Observed by: SIGINT fault at worker k in a scenario process
+    """
     interrupt.judge_interrupt(scenarios.value_of(check_env.scenario_result()), strict=check_env.settings.strict)
 
 
@@ -201,9 +247,21 @@ def _forkserver_died_plan(env, iterators):
 @planned_scenario(_forkserver_died_plan)
 @pytest.mark.parametrize("iterators", ["fresh", "persistent"])
 def test_forkserver_died(check_env, iterators):
-    """The forkserver is killed between two epochs (in a scenario interpreter: the
+    """under forkserver, in a scenario interpreter (the suite's own server is never touched): one epoch of 2
+    workers, then SIGKILL to the forkserver process(es) (the driver's direct children whose command line names a
+    forkserver: multiprocessing's or a loader's own), then the next epoch, with a fresh iterator and with
+    persistent workers (which die with their server): that epoch is the truth (indices 0..7), or it raises an
+    error that says the server or the workers died (`forkserver`, `exited`, `died`, `dead`, `killed`,
+    `terminated`), in either case within the step bound (`--workerstart-step-timeout` or derived from the boot
+    cost); a hang is killed at the bound + 30 s. Nothing the interpreter started, and no `/dev/shm` entry, is
+    left after it exits. Skipped if the loader starts no forkserver process
+
+    Observed by: the scenario runner (own session); the index stream against the sequential truth
+
+    The forkserver is killed between two epochs (in a scenario interpreter: the
     suite's own server stays): the next epoch is the truth, or an error that says the
-    server or the workers died, within the step bound, and nothing is left after exit."""
+    server or the workers died, within the step bound, and nothing is left after exit.
+    """
     bound = _forkserver_died_bound(check_env)
     res = check_env.scenario_result()
     if res.status == "hang":

@@ -79,6 +79,12 @@ def _ordinary_ending(check_env, ending: str) -> dict:
 @check("leaks.clean_exit", "nothing leaks after the ordinary ways an epoch ends")
 @pytest.mark.parametrize("ending", ["exhaustion", "early_break", "loop_exception", "persistent_shutdown"])
 def test_clean_exit(check_env, ending):
+    """nothing leaks after exhaustion, early `break` + `del`, an exception in the training loop, persistent-workers
+    shutdown (each reported separately); processes and threads have `--workerstart-exit-timeout` (default 5 s)
+    to go
+
+    Observed by: leak snapshots, polled up to the bound
+    """
     if ending == "persistent_shutdown" and not check_env.loader.has("persistent_workers"):
         pytest.skip("loader does not declare capability 'persistent_workers'")
     if ending in ("exhaustion", "early_break"):
@@ -123,7 +129,18 @@ def _num_fds(pid: int) -> int | None:
 @check("leaks.fd_growth", "fds of the driver and of persistent workers stay flat over 20 epochs")
 @pytest.mark.parametrize("iterators", ["persistent", "fresh"])
 def test_fd_growth(check_env, iterators):
-    """fds of the driver (and, with persistent workers, of each worker) after each of 20 epochs."""
+    """open fds of the driver, and with persistent workers of each worker, grow by at most ${FD_ALLOWANCE} between the
+    end of epoch 2 and the end of epoch ${EPOCHS} (epoch 1 opens what is opened once); two cases: persistent
+    workers, and a fresh iterator per epoch (driver only: its workers are gone; full profile only, and under
+    forkserver and fork only: 40 spawn boots cost a minute, and an fd a spawn iterator leaks is already
+    `leaks.clean_exit`'s, whose spawn cases diff the driver's fds). The per-epoch series is in the verdict JSON
+    (`measurements.fds_per_epoch`)
+
+    Observed by: `psutil` fd counts of the driver and of the worker pids the samples name, after each epoch with
+    every batch released (pytorch #973, #11201)
+
+    fds of the driver (and, with persistent workers, of each worker) after each of 20 epochs.
+    """
     persistent = iterators == "persistent"
     if persistent and not check_env.loader.has("persistent_workers"):
         pytest.skip("loader does not declare capability 'persistent_workers'")
@@ -163,9 +180,23 @@ def test_fd_growth(check_env, iterators):
        "early break, a worker error)")
 @pytest.mark.parametrize("ending", ["exhaustion", "early_break", "worker_error"])
 def test_shm_segments(check_env, ending):
-    """Entries are attributed while the loader runs (:class:`ShmWatch`, plus what each
+    """no `/dev/shm` entry (torch's, multiprocessing's or the loader's own, any name) created by the driver or a
+    worker outlives the loader by `--workerstart-exit-timeout` after exhaustion, an early `break`, or an error
+    raised by the dataset in a worker; the entries seen are in the verdict JSON
+    (`measurements.shm_entries_seen`), leftovers are unlinked by the suite. A driver SIGKILL is
+    `failure.driver_killed`'s case. Under torch's default `file_descriptor` strategy torch's own segments are
+    unlinked at creation; a loader's `SharedMemory` blocks are what this catches
+
+    Observed by: the test process's tree sampled every 50 ms while the loader runs, and each worker started
+    through the suite's context reporting what it maps as it exits: an entry created meanwhile that a member
+    maps or holds open (`/proc/PID/maps`, `/proc/PID/fd`, by inode) is the loader's; entries that existed before
+    are never counted. A segment created and closed between two samples by a process that does not report at
+    exit is not seen
+
+    Entries are attributed while the loader runs (:class:`ShmWatch`, plus what each
     worker maps as it exits): what a worker created and left is mapped by no one at
-    the end, so an end snapshot misses it. A driver SIGKILL is ``failure.driver_killed``'s case."""
+    the end, so an end snapshot misses it. A driver SIGKILL is ``failure.driver_killed``'s case.
+    """
     if ending == "worker_error":
         def epoch(ctx) -> None:
             loader = check_env.make(CorruptItemDataset(16, bad=5), num_workers=N, ctx=ctx,

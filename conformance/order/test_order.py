@@ -64,6 +64,12 @@ def _tagged(check_env, p, generator_seed=GENERATOR_SEEDS[0]) -> dict:
 @check("order.registration", "batch k comes from worker k mod N whatever order starts finish in",
        requires=("in_order",))
 def test_registration(check_env):
+    """with adversarial start delays (worker N-1 finishes first, worker 0 last) batch k comes from worker k mod N,
+    and the index stream equals torch's `DataLoader`'s for the same dataset (not the loader's own)
+
+    Observed by: `get_worker_info().id` recorded in every sample; the run is the one `order.worker_seeds` judges
+    at p = N
+    """
     got = _tagged(check_env, check_env.parallelism(N))
     wrong = [(k, s) for k, s in enumerate(got["served"]) if set(s) != {k % N}]
     assert not wrong, (
@@ -80,6 +86,14 @@ def _seeds(check_env, p, generator_seed=GENERATOR_SEEDS[0]):
 
 @check("order.worker_seeds", "per-worker seeds do not depend on parallelism or context")
 def test_worker_seeds(check_env):
+    """per-worker `torch.initial_seed()` is the same for p=1 and p=N and across contexts, distinct across workers,
+    follows the loader's generator (two generator seeds give different worker seeds) and equals torch's
+    `base_seed + worker_id` (unless `torch_parity=false`)
+
+    Observed by: seeds recorded in samples (three runs, with the adversarial start delays of
+    `order.registration` except at p = 1, where one start at a time cannot finish out of order; the registration
+    run is one of them); cross-context comparison within the session
+    """
     serial = _seeds(check_env, check_env.parallelism(1))
     assert len(serial) == N and all(len(s) == 1 for s in serial.values()), f"one seed per worker expected: {serial}"
     flat = [s[0] for s in serial.values()]
@@ -152,6 +166,19 @@ def _judge(check_env, problems: list[str], what: str) -> None:
 @check("order.epoch_shuffle", "epochs 1-3 each serve every index once, a shuffled loader's epochs differ and "
        "follow the generator, independent of p; torch's index streams where torch_parity")
 def test_epoch_shuffle(check_env):
+    """over epochs 1, 2 and 3 (a fresh iterator per epoch, and persistent workers reused where the loader declares
+    them; `num_workers=0` and N = 2; p = N where parallel start is declared, and its p = 1 twin with persistent
+    workers where declared, else fresh iterators) each epoch serves every index once, a shuffled map-style
+    loader never repeats an earlier epoch's permutation, a second generator seed gives a different stream, and p
+    = 1 and p = N give the same stream; with `torch_parity`, every epoch's index stream equals torch's
+    `DataLoader`'s for the same arguments and an identically seeded generator (shuffled map-style
+    `RngDrawDataset`, and `ShuffledShards`, an iterable dataset sharded by worker, run with workers once: with
+    persistent workers where declared, since a fresh start per epoch reseeds workers alike for both kinds and
+    the map-style run observes it). Observed once per context together with `order.rng_streams`
+
+    Observed by: indices recorded in the samples; torch's streams computed by torch's `DataLoader` in a process
+    forked from the suite's zygote (`conformance/order/streams.py`)
+    """
     streams = _streams(check_env)
     _judge(check_env, order_problems(streams, _truths(check_env, streams)),
            f"index streams over {epochs.EPOCHS} epochs")
@@ -160,6 +187,16 @@ def test_epoch_shuffle(check_env):
 @check("order.rng_streams", "torch, random and NumPy as a worker's user code draws from them: different per "
        "worker, epoch and generator seed, independent of p; torch's draws where torch_parity")
 def test_rng_streams(check_env):
+    """in the same runs, each sample records one draw from each global generator a worker hands to user code:
+    torch's, Python's `random` and NumPy's (what augmentations draw from). For each generator, the first draw of
+    every (worker, epoch) differs from every other worker's in that epoch and from the same worker's in the
+    other epochs (fresh iterators and persistent workers alike, as torch does), a second generator seed changes
+    them, and p = 1 and p = N draw the same; with `torch_parity`, every draw of every sample equals torch's for
+    the same arguments and generator (torch seeds `random` and torch with `base_seed + worker_id` and NumPy from
+    both, pytorch PR #56488). NumPy is judged where it is installed
+
+    Observed by: draws recorded in the samples; torch's, as for `order.epoch_shuffle`
+    """
     streams = _streams(check_env)
     _judge(check_env, rng_problems(streams, _truths(check_env, streams)),
            f"what workers' user code drew from torch, random and NumPy over {epochs.EPOCHS} epochs")

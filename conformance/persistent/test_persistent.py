@@ -13,6 +13,10 @@ N = 2
 
 @check("persistent.reuse", "persistent workers live as long as the loader", requires=("persistent_workers",))
 def test_reuse(check_env):
+    """with `persistent_workers=True` epochs 2 and 3 use epoch 1's pids and build nothing
+
+    Observed by: pids in samples; Processes built
+    """
     ctx = check_env.context(N)
     loader = check_env.make(WorkerTagDataset(8), num_workers=N, ctx=ctx, parallelism=check_env.parallelism(N),
                      persistent_workers=True)

@@ -20,6 +20,10 @@ PF = 2
 
 @check("prefetch.bound", "in-flight batches never exceed prefetch_factor x num_workers")
 def test_bound(check_env, tmp_path):
+    """fetched-but-unconsumed items never exceed `prefetch_factor × num_workers`
+
+    Observed by: a dataset that logs each fetch to a file; slow consumer
+    """
     ds = CountingDataset(str(tmp_path / "fetched.txt"), n=40)
     loader = check_env.make(ds, num_workers=N, parallelism=check_env.parallelism(N), batch_size=1,
                      prefetch_factor=PF)

@@ -49,6 +49,22 @@ def _served(batch) -> tuple[int, ...]:
 @check("sharding.exactly_once", "each sample exactly once per epoch, across workers and ranks",
        requires=("iterable_dataset",))
 def test_exactly_once(check_env):
+    """an IterableDataset sharding by `get_worker_info()` yields each sample once per epoch; otherwise the
+    duplication factor is reported. Over ranks (in one context: forkserver if selected, preferring a context
+    where the loader declares parallel start; the others skip with that reason, since which rank × worker gets
+    which index does not depend on how workers start, and the in-process case covers every context): ${WORLD}
+    ranks of a real `torch.distributed` gloo group on 127.0.0.1, each starting its workers in parallel: a
+    `DistributedSampler` map dataset and a rank × worker sharded iterable cover every index exactly once; a rank
+    whose worker fails to start raises and cleans up, the other rank's wait is bounded by the group timeout
+    (${PG_TIMEOUT} s), and no process is left once the ranks exit. Beyond the first case (N = ${N}, 30 samples,
+    unbatched), the corner `uneven` (full profile: 31 samples, batch 2, persistent workers, 2 epochs) and
+    explored points ([Configuration space](#configuration-space)): every epoch serves exactly torch's batches,
+    computed in the test process (worker w yields w, w + N, ...; each worker batches its own stream and, with
+    `drop_last`, drops its own short last batch)
+
+    Observed by: counting samples; per-rank reports from a scenario process; batches compared as multisets per
+    epoch
+    """
     n = 30
     loader = check_env.make(ShardedRange(n), num_workers=N, parallelism=check_env.parallelism(N),
                             batch_size=None)

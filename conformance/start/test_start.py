@@ -25,6 +25,11 @@ BOUND = space.SPACES["start.respects_bound"]
        needs_parallelism_kwarg=True, parallel_path=False)
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2", None], ids=["zero", "negative", "bool", "float", "str", "none"])
 def test_parameter_validation(check_env, bad):
+    """parallelism 0, negative, bool, float, str or None is rejected at construction with `ValueError`/`TypeError`
+    naming the argument
+
+    Observed by: constructing the loader
+    """
     kwarg = check_env.loader.parallelism_kwarg
     with pytest.raises((ValueError, TypeError)) as excinfo:
         check_env.make(WorkerTagDataset(8), num_workers=2, **{kwarg: bad})
@@ -37,6 +42,11 @@ def test_parameter_validation(check_env, bad):
 
 @check("start.default_serial", "without the parallelism argument, one start at a time", parallel_path=False)
 def test_default_serial(check_env):
+    """without the parallelism argument, 1 start at a time
+
+    Observed by: instrumented context: peak concurrent `start()` calls, each held until the remaining starts are
+    in flight or 0.5 s passes
+    """
     ctx = check_env.context(N, hold=HOLD / 2)
     loader = check_env.make(WorkerTagDataset(8), num_workers=N, ctx=ctx)
     assert len(batches_of(loader)) == 4
@@ -75,7 +85,14 @@ def _judge_bound(check_env, point: Point) -> None:
 @check("start.respects_bound", "with p in {1, 2, N}, exactly min(p, N) starts overlap", requires=("parallel_start",),
        quick_contexts=("spawn", "forkserver"))
 def test_respects_bound(check_env, ws_point):
-    """Corners p1..p3 (N = 3), the wide corner (N >= 2p, p > usable cores) and explored points."""
+    """at every judged point (N, p), exactly min(p, N) starts overlap: the corners N = ${N} with p in {1, 2, ${N}}, the
+    wide corner (p = max(3, usable cores + 1), N = 2p up to 16: N >= 2p and p above the cores, the bound is
+    logical, not physical) and explored points ([Configuration space](#configuration-space))
+
+    Observed by: same, with a ${HOLD} s hold: overlap is *observed*, not inferred from timing
+
+    Corners p1..p3 (N = 3), the wide corner (N >= 2p, p > usable cores) and explored points.
+    """
     if check_env.settings.profile == "quick" and ws_point in ("p1", "p3"):
         pytest.skip("quick profile: p=2 only")
     explore.judge_case(check_env, ws_point, lambda point: _judge_bound(check_env, point))
@@ -83,6 +100,11 @@ def test_respects_bound(check_env, ws_point):
 
 @check("start.builds_all_before_start", "every Process exists before the first start()", requires=("parallel_start",))
 def test_builds_all_before_start(check_env):
+    """on the parallel path every Process exists before the first `start()`
+
+    Observed by: construction and start timestamps, in the run `start.respects_bound` judges at p = N (one run
+    for both)
+    """
     got = _bounded_start(check_env, BOUND.corner("p3").point)
     assert got["built_all_first"], "the first start() began before all Process objects existed: " + got["builds"]
 
@@ -91,7 +113,16 @@ def test_builds_all_before_start(check_env):
        "raises at iter() or the first next() naming the argument; nothing left", contexts=("spawn", "forkserver"))
 @pytest.mark.parametrize("argument", ["collate_fn", "worker_init_fn", "dataset"])
 def test_unpicklable_argument(check_env, argument):
-    """A lambda where spawn/forkserver must pickle it: an error naming the argument, nothing left."""
+    """under spawn and forkserver (which pickle what every worker is sent), a lambda `collate_fn`, a lambda
+    `worker_init_fn` or a dataset holding a lambda raises at `iter()` or the first `next()` an error whose
+    message names the argument (`collate_fn`, `worker_init_fn`, `dataset`, as a word); the failure-path leak
+    rule holds; bounded by the step timeout (no hang). The truth is which argument the test made unpicklable.
+    Stock torch raises the bare pickling error ("Can't pickle local object '…<lambda>'") and fails
+
+    Observed by: the raised exception's message; leak snapshots while it is held and after release
+
+    A lambda where spawn/forkserver must pickle it: an error naming the argument, nothing left.
+    """
     if argument == "worker_init_fn" and not check_env.loader.has("worker_init_fn"):
         pytest.skip("loader does not declare capability 'worker_init_fn'")
     dataset = UnpicklableDataset(8) if argument == "dataset" else WorkerTagDataset(8)
@@ -115,10 +146,22 @@ def test_unpicklable_argument(check_env, argument):
        "min(p, N) starts at once, batches in order; start time per worker reported", contexts=("spawn", "forkserver"))
 @pytest.mark.parametrize("mib", [1, 100], ids=lambda m: f"{m}MiB")
 def test_large_pickle(check_env, mib):
-    """A dataset whose pickle is far beyond the 64 KiB pipe buffer (spawn's ``start()``
+    """under spawn and forkserver, a dataset whose pickle is 1 MiB and 100 MiB (far beyond the 64 KiB pipe buffer,
+    where spawn's `start()` blocks until the child has read it: pytorch #131931): every one of N = ${N} workers is
+    started through the multiprocessing context the loader was given, exactly min(p, N) starts overlap (1
+    without the parallelism argument), batch k comes from worker k mod N and the index stream is 0..11. Each
+    worker's `start()` duration (without the context's hold) and its readiness time from the first `start()`
+    (holds included: up to 1 s per start of a serial loader) are in the verdict JSON
+    (`measurements.start_s_per_worker`). 100 MiB in the full profile only
+
+    Observed by: the instrumented context (held starts, as `start.respects_bound`); `BigPickleDataset` (random
+    payload); worker ids in the samples
+
+    A dataset whose pickle is far beyond the 64 KiB pipe buffer (spawn's ``start()``
     then blocks until the child has read it: pytorch #131931): every worker still
     starts through the given context, as many at once as the parallelism says, and
-    batches come in order. The start time of each worker is reported."""
+    batches come in order. The start time of each worker is reported.
+    """
     if check_env.settings.profile == "quick" and mib != 1:
         pytest.skip("quick profile: the 1 MiB dataset only (100 MiB is pickled once per worker)")
     p = check_env.parallelism(N)

@@ -22,6 +22,13 @@ N = 2
 
 @check("transfer.shared_memory", "batch tensors arrive through shared memory")
 def test_shared_memory(check_env):
+    """batch tensors arrive through shared memory created by a worker of this loader, not copied through a pipe
+    (and not copied and then moved with `share_memory_()` in the driver, which `is_shared()` alone would pass)
+
+    Observed by: the creator pid in the name of the segment that maps each received tensor (`/proc/self/maps`;
+    torch names segments `torch_<pid>_…` under both sharing strategies, verified on the installed torch first,
+    skipped with the reason if not) against the worker pids the suite's context recorded
+    """
     try:
         tensor_origin.verify()
     except RuntimeError as exc:
