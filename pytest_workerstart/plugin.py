@@ -9,8 +9,6 @@ imports torch, and nothing else. With ``--workerstart`` it resolves the settings
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from pytest_workerstart import settings as _settings
@@ -39,7 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _start_session(config: pytest.Config, embedded: bool):
     """Resolve the settings once and register the suite's session and check environment."""
     resolved = config.stash[_settings.SETTINGS] = _settings.resolve(config)
-    if not embedded and _will_preflight(config, resolved):
+    if not embedded and resolved.preflight and _settings.runs_checks(config):
         runner.prestart_zygote()  # the preflight's zygote imports torch while this process does
     # the suite's session and checks pull in torch: imported only when a run asks for them
     from pytest_workerstart import checkenv
@@ -49,12 +47,6 @@ def _start_session(config: pytest.Config, embedded: bool):
     session.register(config.pluginmanager)
     config.pluginmanager.register(checkenv, "workerstart-checkenv")
     return session
-
-
-def _will_preflight(config: pytest.Config, resolved: _settings.Settings) -> bool:
-    """Whether this process runs checks after a preflight (not an xdist controller, nor a collection)."""
-    xdist_controller = bool(getattr(config.option, "numprocesses", None)) and "PYTEST_XDIST_WORKER" not in os.environ
-    return resolved.preflight and not config.option.collectonly and not xdist_controller
 
 
 def pytest_pycollect_makeitem(collector, name: str, obj) -> None:

@@ -301,3 +301,15 @@ def resolve(config: pytest.Config) -> Settings:
             values[opt.field] = opt.convert(raw, where)
             sources.append((opt.field, where))
     return Settings(**values, sources=tuple(sources))
+
+
+def in_xdist_worker() -> bool:
+    """Whether this process is a pytest-xdist worker (xdist runs checks side by side already)."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+def runs_checks(config: pytest.Config) -> bool:
+    """Whether this pytest process runs checks itself: not a collection only, nor the xdist
+    controller (its workers do). What a preflight, and a zygote started ahead for it, serve."""
+    xdist_controller = bool(getattr(config.option, "numprocesses", None)) and not in_xdist_worker()
+    return not config.option.collectonly and not xdist_controller

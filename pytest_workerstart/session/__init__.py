@@ -9,7 +9,6 @@ up if pytest is killed. Its parts are plugins of their own: :mod:`.collection`,
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -26,7 +25,7 @@ from pytest_workerstart.session.check_fixtures import CheckFixtures
 from pytest_workerstart.session.collection import CheckCollection, add_suite_path
 from pytest_workerstart.session.reporter import VerdictReporter
 from pytest_workerstart.session.waits import Waits
-from pytest_workerstart.settings import Settings
+from pytest_workerstart.settings import Settings, in_xdist_worker, runs_checks
 from pytest_workerstart.verdict import Verdict
 
 
@@ -84,9 +83,8 @@ class WorkerstartSession:
     def _scenario_jobs(self) -> int:
         if self.settings.scenario_jobs is not None:
             return self.settings.scenario_jobs
-        if os.environ.get("PYTEST_XDIST_WORKER"):  # xdist already runs checks side by side
+        if in_xdist_worker():
             return 1
-
         return max(1, min(2, usable_cores()))
 
     def _env_for(self, item: pytest.Item):
@@ -135,7 +133,7 @@ class WorkerstartSession:
     # --- hooks -------------------------------------------------------------------
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.collection.select(session)
-        if self.settings.preflight and self.verdict.records and not self.config.option.collectonly \
+        if self.settings.preflight and self.verdict.records and runs_checks(self.config) \
                 and not self.embedded:
             self._preflight(self.loader)
 

@@ -3,7 +3,6 @@ the profile select, marked with its limit, skips and expected failures, and told
 
 from __future__ import annotations
 
-import os
 import platform
 import warnings
 from collections.abc import Callable
@@ -12,7 +11,7 @@ import pytest
 
 from pytest_workerstart import explore, protocol, registry, space
 from pytest_workerstart.session.waits import CHECK_TIMEOUT_S
-from pytest_workerstart.settings import Settings
+from pytest_workerstart.settings import Settings, in_xdist_worker
 from pytest_workerstart.verdict import Verdict, parse_nodeid
 
 SUITE_DIR = registry.SUITE_DIR
@@ -90,7 +89,7 @@ class CheckCollection:
                 continue
             # What the loader declares is judged when the check starts (check_env):
             # the loader may come from a conftest fixture, known only then.
-            if spec.serial_only and os.environ.get("PYTEST_XDIST_WORKER"):
+            if spec.serial_only and in_xdist_worker():
                 item.add_marker(pytest.mark.skip(reason="speed checks run serially, never under xdist"))
             case = item.callspec.id.removeprefix(f"{check_id}-") if hasattr(item, "callspec") else None
             # the most specific entry wins: id[context-case], then id[context], then id. An entry for
