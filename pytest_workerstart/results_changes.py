@@ -17,8 +17,8 @@ from typing import Any
 
 
 def case_name(nodeid: str) -> str:
-    """``test_x.py::test_y[params]``: a node id without the folder pytest reported it from (a
-    run's rootdir decides whether it is ``conformance/test_x.py`` or ``test_x.py``)."""
+    """``test_x.py::test_y[params]``: a node id without the folders pytest reported it from (a
+    run's rootdir decides whether it is ``conformance/x/test_x.py`` or ``test_x.py``)."""
     path, sep, rest = nodeid.partition("::")
     return f"{path.rpartition('/')[2]}{sep}{rest}"
 

@@ -1,9 +1,9 @@
-"""Scenarios that run in a fresh interpreter (see :mod:`.harness.runner`), one module per clause.
+"""The scenario runner: a check's work in a fresh interpreter (see :mod:`.harness.runner`).
 
-Each ``scenario_*`` function runs in the child, rebuilds the loader from its
-SPEC, drives it, and returns plain JSON. The ``judge_*`` functions run in
-pytest and turn that JSON into a verdict. Anything that might hang forever or
-kill the driver belongs here, so pytest itself can never be the casualty.
+A scenario is a ``scenario_*`` function of a clause's room (:mod:`pytest_workerstart.conformance`):
+it runs in the child, rebuilds the loader from its SPEC, drives it, and returns plain JSON; the
+room's ``judge_*`` functions run in pytest and turn that JSON into a verdict. Anything that might
+hang forever or kill the driver runs this way, so pytest itself can never be the casualty.
 This module runs them: :func:`run`, :func:`planned` (a check's plan), :func:`value_of`;
 and what each scenario shares: :func:`rebuild`, :func:`stop_if_failed`, :func:`leak_summary`.
 """
