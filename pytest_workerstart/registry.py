@@ -64,6 +64,9 @@ class Check:
     #: exercises parallel start (p > 1) where the loader declares it; the quick
     #: profile then runs it in such a context, and the coverage record says so
     parallel_path: bool = True
+    #: corners of its own, beside those its space shares: ``{ID: {"at": POINT_TEXT, "why": ...,
+    #: "profiles": (...), "collected": bool}}`` (built into its Space by :mod:`pytest_workerstart.space`)
+    corners: dict[str, dict] = dataclasses.field(default_factory=dict, hash=False)
 
     @property
     def clause(self) -> str:
@@ -102,7 +105,7 @@ def _markers(text: str):
     """Each marker call in ``text``, parsed alone (the whole module's parse costs every pytest
     startup ~50 ms; the markers' ~1 ms)."""
     for m in _OPENS.finditer(text):
-        lines = text[m.start(1):].split("\n", 12)
+        lines = text[m.start(1):].split("\n", 40)
         for k in range(1, len(lines) + 1):
             try:
                 yield ast.parse("\n".join(lines[:k]), mode="eval").body, text.count("\n", 0, m.start()) + 1

@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from pytest_workerstart import registry
 from pytest_workerstart.point import (  # noqa: F401 (re-exported: a space's points are these)
     BY_KEY,
     CHOICES,
@@ -171,7 +172,7 @@ def _bound_points(limits: Limits):
 #: keywords that are not dimensions, with why).
 DATA_DIMS: tuple[str, ...] = tuple(DIMENSIONS)
 #: The data-path clauses, judged at the same points by one differential judge (pytest_workerstart.parity).
-DATA_CLAUSES = ("digest.first_batch", "digest.torch_parity", "sharding.exactly_once", "order.registration",
+DATA_CLAUSES = ("sharding.exactly_once", "digest.first_batch", "digest.torch_parity", "order.registration",
                 "order.epoch_shuffle", "order.worker_seeds", "order.rng_streams", "persistent.reuse",
                 "prefetch.bound", "transfer.shared_memory")
 #: Each keyword of torch's DataLoader that is a dimension -> its Point field.
@@ -299,8 +300,22 @@ DATA_CORNERS = (
 )
 
 
-def _data_space(check_id: str, own: tuple[Corner, ...] = ()) -> Space:
-    return Space(check_id, DATA_DIMS, own + DATA_CORNERS, draw=_draw_data, simpler=_simpler_data, stream="data")
+def _declared_corners(check_id: str) -> tuple[Corner, ...]:
+    """The corners a check declares beside its id (``@check(ID, ..., corners={...})``)."""
+    out = []
+    for corner_id, spec in registry.get(check_id).corners.items():
+        fields = {k: v for k, v in spec.items() if k != "at"}
+        try:
+            out.append(Corner(corner_id, parse(spec["at"]), **fields))
+        except (KeyError, TypeError, PointError) as exc:
+            raise ValueError(f"{check_id}: corner {corner_id!r} is not {{'at': POINT_TEXT, 'why': ..., "
+                             f"'profiles': (...), 'collected': bool}}: {exc}") from None
+    return tuple(out)
+
+
+def _data_space(check_id: str) -> Space:
+    return Space(check_id, DATA_DIMS, _declared_corners(check_id) + DATA_CORNERS, draw=_draw_data,
+                 simpler=_simpler_data, stream="data")
 
 
 SPACES: dict[str, Space] = {s.check_id: s for s in (
@@ -309,13 +324,7 @@ SPACES: dict[str, Space] = {s.check_id: s for s in (
         Corner("wide", derive=_wide, quick_contexts=("forkserver",),
                why="N >= 2p and p > usable cores: an unbounded start and a bound of p differ"),
     ), _bound_points),
-    _data_space("sharding.exactly_once", (
-        Corner("even", Point(3, None, "iterable", 30, None), collected=False,
-               why="even shards, unbatched: the clause's first case"),
-        Corner("uneven", Point(3, 3, "iterable", 31, 2, persistent_workers=True, epochs=2),
-               profiles=("full",), why="uneven shards, two epochs of persistent workers"),
-    )),
-    *(_data_space(c) for c in DATA_CLAUSES if c != "sharding.exactly_once"),
+    *(_data_space(c) for c in DATA_CLAUSES),
 )}
 
 

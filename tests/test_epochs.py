@@ -3,7 +3,6 @@ streams: right streams pass, and each defect the checks exist for is named."""
 
 import random
 
-from pytest_workerstart.conformance.order import judges as order_judges
 from pytest_workerstart.conformance.order import streams as epochs
 from pytest_workerstart.conformance.order.streams import Run
 
@@ -39,21 +38,21 @@ def _runs(**defect) -> dict[Run, epochs.Stream]:
 def test_right_streams_pass_with_and_without_torch_truth():
     runs = _runs()
     truths = {r.truth_key: s for r, s in runs.items()}
-    assert order_judges.order_problems(runs, None) == [] and order_judges.order_problems(runs, truths) == []
-    assert order_judges.rng_problems(runs, None) == [] and order_judges.rng_problems(runs, truths) == []
+    assert epochs.order_problems(runs, None) == [] and epochs.order_problems(runs, truths) == []
+    assert epochs.rng_problems(runs, None) == [] and epochs.rng_problems(runs, truths) == []
 
 
 def test_a_replayed_permutation_is_named():
-    problems = order_judges.order_problems(_runs(replay=True), None)
+    problems = epochs.order_problems(_runs(replay=True), None)
     assert any("epochs 1 and 2 repeat the same permutation" in p for p in problems), problems
 
 
 def test_a_stream_that_differs_from_torchs_names_epoch_and_stream():
     runs = _runs()
     truths = {r.truth_key: s for r, s in _runs(replay=True).items()}
-    problems = order_judges.order_problems(runs, truths)
+    problems = epochs.order_problems(runs, truths)
     assert any("epoch 2's index stream" in p and "torch's DataLoader" in p for p in problems), problems
-    problems = order_judges.rng_problems(runs, truths)
+    problems = epochs.rng_problems(runs, truths)
     assert any("epoch 2, sample 1" in p for p in problems), problems
 
 
@@ -61,34 +60,34 @@ def test_generator_seed_that_changes_nothing_is_named():
     same = _stream(epochs.SEEDS[0])
     runs = {Run("map", False, N, seed): same for seed in epochs.SEEDS}
     assert any("generator seeds 1234 and 4321 give the same index streams" in p
-               for p in order_judges.order_problems(runs, None))
-    assert any("give every worker the same draws" in p for p in order_judges.rng_problems(runs, None))
+               for p in epochs.order_problems(runs, None))
+    assert any("give every worker the same draws" in p for p in epochs.rng_problems(runs, None))
 
 
 def test_parallelism_that_changes_the_stream_is_named():
     runs = {Run("map", False, N, parallelism=1): _stream(1), Run("map", False, N, parallelism=N): _stream(2)}
-    assert any("depends on parallelism" in p for p in order_judges.order_problems(runs, None))
-    assert any("depend on parallelism" in p for p in order_judges.rng_problems(runs, None))
+    assert any("depends on parallelism" in p for p in epochs.order_problems(runs, None))
+    assert any("depend on parallelism" in p for p in epochs.rng_problems(runs, None))
 
 
 def test_draws_repeated_across_epochs_or_workers_name_the_generator():
-    frozen = order_judges.rng_problems(_runs(frozen="random"), None)
+    frozen = epochs.rng_problems(_runs(frozen="random"), None)
     assert frozen and all("random's first draw repeats: worker" in p for p in frozen), frozen
-    shared = order_judges.rng_problems(_runs(shared="numpy"), None)
+    shared = epochs.rng_problems(_runs(shared="numpy"), None)
     assert shared and all("numpy's first draw repeats: workers 0, 1 in epoch 1" in p for p in shared), shared
 
 
 def test_a_generator_never_observed_is_not_judged():
     runs = _runs(frozen="numpy", shared="numpy")
     runs = {r: [[(*row[:4], -1) for row in rows] for rows in s] for r, s in runs.items()}
-    assert order_judges.rng_problems(runs, None) == []
+    assert epochs.rng_problems(runs, None) == []
 
 
 def test_lost_or_duplicated_indices_are_named():
     runs = _runs()
     run = next(iter(runs))
     runs[run][1][0] = runs[run][1][1]
-    assert any("epoch 2 did not serve each" in p for p in order_judges.order_problems(runs, None))
+    assert any("epoch 2 did not serve each" in p for p in epochs.order_problems(runs, None))
 
 
 def test_plan_covers_workers_persistence_parallelism_and_a_second_seed():
@@ -97,7 +96,7 @@ def test_plan_covers_workers_persistence_parallelism_and_a_second_seed():
     assert {r.parallelism for r in runs if r.num_workers} == {1, N} and {r.kind for r in runs} == {"map", "iterable"}
     assert {r.seed for r in runs} == set(epochs.SEEDS)
     # the p = 1 twin is persistent: the parallelism judge has a pair, at one start's cost
-    (a, b), = order_judges._twins(dict.fromkeys(runs), "parallelism")
+    (a, b), = epochs._twins(dict.fromkeys(runs), "parallelism")
     assert a.persistent and b.persistent
     # one sharded iterable run with workers, persistent where declared
     assert [r.persistent for r in runs if r.kind == "iterable" and r.num_workers] == [True]

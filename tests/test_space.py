@@ -37,6 +37,23 @@ def test_every_space_names_known_dimensions_and_its_corners_parse():
             assert space.parse(point.text()) == point
 
 
+def test_a_check_declares_its_own_corners_beside_its_id():
+    sp = space.SPACES["sharding.exactly_once"]
+    assert [c.id for c in sp.corners[:2]] == ["even", "uneven"] and sp.corners[2:] == space.DATA_CORNERS
+    assert sp.corner("uneven").point == Point(3, 3, "iterable", 31, 2, persistent_workers=True, epochs=2)
+    assert sp.corner("uneven").profiles == ("full",) and not sp.corner("even").collected
+
+
+@pytest.mark.parametrize("spec, said", [({"why": "no point"}, "'at'"), ({"at": "N=3", "colour": 1}, "colour"),
+                                        ({"at": "N=99"}, "expected 1..16")])
+def test_a_bad_corner_declaration_says_which_and_why(monkeypatch, spec, said):
+    from pytest_workerstart import registry
+
+    monkeypatch.setattr(space.registry, "get", lambda i: registry.Check(i, "t", corners={"odd": spec}))
+    with pytest.raises(ValueError, match=f"x.y: corner 'odd' is not .*{said}"):
+        space._declared_corners("x.y")
+
+
 def test_the_wide_corner_is_above_the_cores_and_at_least_twice_p():
     for cores in (1, 2, 4, 7):
         p = space.SPACES["start.respects_bound"].corner("wide").resolve(cores)

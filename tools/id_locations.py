@@ -73,16 +73,20 @@ def _uses(module, func_name: str) -> set[str]:
     return {u for u in used if u.split("/")[0] not in FOUNDATIONS or u.startswith("conformance/")}
 
 
-def _room_files(funcs, uses: set[str]) -> list[str]:
+def _room_files(check_id: str, funcs, uses: set[str]) -> list[str]:
     """The files that hold an id's logic: its room's modules its checks are in or reach (checks,
-    judges, scenario code), and the space table where the id's space has corners of its own."""
-    from pytest_workerstart import space
+    judges, scenario code), the differential judge where it attributes differences to the id,
+    and the space table where the id's space has corners of its own not declared beside the id."""
+    from pytest_workerstart import parity, registry, space
 
     files = {m.__name__.removeprefix(f"{PACKAGE}conformance.").replace(".", "/") for m, _ in funcs}
     files |= {u.removeprefix("conformance/") for u in uses if u.startswith("conformance/")}
     found = [f"conformance/{f}.py" for f in sorted(files)]
-    own = space.get(_check_id_of(funcs)) if funcs else None
-    if own is not None and any(c not in space.DATA_CORNERS for c in own.corners):
+    if check_id in parity.CLAUSES:
+        found.append("pytest_workerstart/parity.py")
+    own = space.get(check_id)
+    declared = set(registry.get(check_id).corners)
+    if own is not None and any(c not in space.DATA_CORNERS and c.id not in declared for c in own.corners):
         found.append("pytest_workerstart/space.py")
     return found
 
@@ -99,13 +103,6 @@ def _imported_by(files: list[str]) -> set[str]:
     return {u for u in out if u.split("/")[0] not in FOUNDATIONS}
 
 
-def _check_id_of(funcs) -> str:
-    for mark in getattr(getattr(funcs[0][0], funcs[0][1]), "pytestmark", ()):
-        if mark.name == "workerstart_check":
-            return mark.args[0]
-    raise LookupError(funcs)
-
-
 def rows() -> list[tuple[str, str, str, str]]:
     from pytest_workerstart import registry
     from pytest_workerstart.conformance import by_check_id
@@ -117,8 +114,9 @@ def rows() -> list[tuple[str, str, str, str]]:
     for check_id in registry.CHECKS:
         funcs = by_id.get(check_id, [])
         uses = {u for m, n in funcs for u in _uses(m, n)}
-        logic = _room_files(funcs, uses)
-        shared = sorted({u for u in uses | _imported_by(logic) if not u.startswith("conformance/")})
+        logic = _room_files(check_id, funcs, uses)
+        shared = sorted({u for u in uses | _imported_by(logic)
+                         if not u.startswith("conformance/") and f"pytest_workerstart/{u}.py" not in logic})
         broken = sorted({f"`{c.loader}`" for c in (*catches.values(), *speed_catches.values())
                          if check_id in c.targets})
         out.append((f"`{check_id}`", f"{len(logic)}: " + ", ".join(f"`{f}`" for f in logic),

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from pytest_workerstart import _torch_internals, parity, scenarios
 from pytest_workerstart.bounded import batches_of
 from pytest_workerstart.conformance.order import streams as epochs
-from pytest_workerstart.conformance.order.judges import order_problems, rng_problems
+from pytest_workerstart.conformance.order.streams import order_problems, rng_problems
 from pytest_workerstart.datasets import WorkerTagDataset
 from pytest_workerstart.harness.runner import run_scenario
 from pytest_workerstart.probes.faults import FaultPlan

@@ -47,7 +47,11 @@ def _served(batch) -> tuple[int, ...]:
 
 
 @check("sharding.exactly_once", "each sample exactly once per epoch, across workers and ranks",
-       requires=("iterable_dataset",))
+       requires=("iterable_dataset",), corners={
+           "even": {"at": "N=3,p=none,data=iterable,len=30,batch=none", "collected": False,
+                    "why": "even shards, unbatched: the clause's first case"},
+           "uneven": {"at": "N=3,p=3,data=iterable,len=31,batch=2,persistent=1,epochs=2", "profiles": ("full",),
+                      "why": "uneven shards, two epochs of persistent workers"}})
 def test_exactly_once(check_env):
     """an IterableDataset sharding by `get_worker_info()` yields each sample once per epoch; otherwise the
     duplication factor is reported. Over ranks (in one context: forkserver if selected, preferring a context
