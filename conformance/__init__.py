@@ -53,9 +53,18 @@ def by_check_id() -> dict[str, list[tuple[str, Any]]]:
     out: dict[str, list[tuple[str, Any]]] = {}
     for name, fn in _checks().items():
         for mark in getattr(fn, "pytestmark", ()):
-            if mark.name == "workerstart_check":
+            if mark.name == registry.MARKER:
                 out.setdefault(mark.args[0], []).append((name, fn))
     return out
+
+
+def declaring(check_id: str) -> tuple[Any, Any]:
+    """(function, module) of the check that declares ``check_id``."""
+    for _, fn in by_check_id().get(check_id, ()):
+        if any(m.name == registry.MARKER and m.args[0] == check_id and registry.declares(m.args, m.kwargs)
+               for m in fn.pytestmark):
+            return fn, importlib.import_module(fn.__module__)
+    raise LookupError(f"no function declares {check_id}")
 
 
 def __getattr__(name: str):

@@ -43,6 +43,11 @@ CLAUSES = {
 MARKER, ALIAS = "workerstart_check", "check"
 
 
+def declares(args, kwargs) -> bool:
+    """Whether a marker's arguments declare its id (a title, requirements), not only name it."""
+    return len(args) > 1 or bool(kwargs)
+
+
 @dataclasses.dataclass(frozen=True)
 class Check:
     """One check id and what running it requires."""
@@ -120,7 +125,7 @@ def _read() -> dict[str, Check]:
     for path in suite_modules():
         module = ".".join(path.relative_to(SUITE_DIR).with_suffix("").parts)
         for call, line in _markers(path.read_text()):
-            if isinstance(call, ast.Call) and (len(call.args) > 1 or call.keywords):
+            if isinstance(call, ast.Call) and declares(call.args, call.keywords):
                 where = f"{path.name}:{line}"
                 check = _declared(call, module, where)
                 if check.id in found:

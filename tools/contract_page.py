@@ -18,11 +18,9 @@ import importlib
 import inspect
 import re
 import sys
-from pathlib import Path
 
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "contract.md"
-BEGIN = "<!-- clauses: rendered from conformance/ by python -m tools.contract_page -->"
-END = "<!-- end of the rendered clauses -->"
+from tools.rendered import DOCS, Part
+
 OBSERVED = "Observed by:"
 _CONSTANT = re.compile(r"\$\{([A-Z][A-Z0-9_]*)\}")
 
@@ -55,17 +53,6 @@ def cells(fn, module) -> tuple[str, str]:
     return _filled(proves, module), _filled(observed, module)
 
 
-def _declaring(check) -> tuple:
-    from pytest_workerstart.registry import MARKER
-
-    module = importlib.import_module(f"pytest_workerstart.conformance.{check.module}")
-    for fn in vars(module).values():
-        for mark in getattr(fn, "pytestmark", ()) if callable(fn) else ():
-            if mark.name == MARKER and mark.args[0] == check.id and (len(mark.args) > 1 or mark.kwargs):
-                return fn, module
-    raise LookupError(f"no function declares {check.id}")
-
-
 def _catchers(check_id: str) -> str:
     from pytest_workerstart.fixtures.broken import catalog
 
@@ -81,6 +68,7 @@ def _catchers(check_id: str) -> str:
 
 def render() -> str:
     from pytest_workerstart import registry
+    from pytest_workerstart.conformance import declaring
 
     out: list[str] = []
     for heading in dict.fromkeys(registry.CLAUSES.values()):
@@ -94,26 +82,15 @@ def render() -> str:
         out += ["| id | proves | observed by | caught broken loader |", "|---|---|---|---|"]
         for check in registry.CHECKS.values():
             if check.clause in clauses:
-                proves, observed = cells(*_declaring(check))
+                proves, observed = cells(*declaring(check.id))
                 out.append(f"| `{check.id}` | {proves} | {observed} | {_catchers(check.id)} |")
         out.append("")
     return "\n".join(out)
 
 
-def replaced(text: str, sections: str) -> str:
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    return f"{head}{BEGIN}\n\n{sections}{END}{tail}"
-
-
-def main(argv: list[str]) -> int:
-    sections = render()
-    if argv == ["--write"]:
-        PAGE.write_text(replaced(PAGE.read_text(), sections))
-    else:
-        sys.stdout.write(sections)
-    return 0
+PART = Part(DOCS / "contract.md", "<!-- clauses: rendered from conformance/ by python -m tools.contract_page -->",
+            "<!-- end of the rendered clauses -->", lambda: "\n\n" + render())
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(PART.main(sys.argv[1:]))

@@ -17,8 +17,8 @@ import inspect
 import sys
 from pathlib import Path
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "development.md"
-BEGIN, END = "<!-- id-locations: begin -->", "<!-- id-locations: end -->"
+from tools.rendered import DOCS, Part
+
 PACKAGE = "pytest_workerstart."
 #: shared by every check (ids, settings, measurements, datasets): not where an id's logic lives
 FOUNDATIONS = ("registry", "settings", "verdict", "space", "protocol", "fixtures", "conformance", "checkenv", "bounded")
@@ -132,20 +132,9 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def replaced(text: str, table: str) -> str:
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    return f"{head}{BEGIN}\n{table}{END}{tail}"
-
-
-def main(argv: list[str]) -> int:
-    table = render()
-    if argv == ["--write"]:
-        DOC.write_text(replaced(DOC.read_text(), table))
-    else:
-        sys.stdout.write(table)
-    return 0
+PART = Part(DOCS / "development.md", "<!-- id-locations: begin -->", "<!-- id-locations: end -->",
+            lambda: "\n" + render())
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(PART.main(sys.argv[1:]))

@@ -2,20 +2,18 @@
 
 The page shows what runs: each space's dimensions, corners (with their profiles and why) and
 explored region, every dimension of a point with its values, and the ``DataLoader`` keywords
-that are no dimension with why. ``python -m pytest_workerstart.space_table docs/contract.md``
-rewrites the part of the page between the markers; a self-test fails when they differ.
+that are no dimension with why. ``python -m tools.space_table --write`` rewrites the part of the
+page between the markers; a self-test fails when they differ.
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
-from pathlib import Path
 
 from pytest_workerstart import point, space
+from tools.rendered import DOCS, Part
 
-BEGIN = "<!-- rendered from pytest_workerstart/space.py: python -m pytest_workerstart.space_table -->"
-END = "<!-- end of the rendered tables -->"
 #: the values each dimension takes where a point is drawn (the corners may go beyond)
 _VALUES = {
     "num_workers": "1..6 (spawn: 1..3); corners up to 2 x (cores + 1)", "parallelism":
@@ -49,7 +47,7 @@ def _corner(c: space.Corner, dims: tuple[str, ...]) -> str:
 
 
 def render() -> str:
-    lines = [BEGIN, "", "| check | dimensions | fixed corners | explored |", "|---|---|---|---|"]
+    lines = ["", "", "| check | dimensions | fixed corners | explored |", "|---|---|---|---|"]
     data = [s for s in space.SPACES.values() if s.stream == "data"]
     for sp in (s for s in space.SPACES.values() if s.stream is None):
         dims = ", ".join(point.DIMENSIONS[d][0] for d in sp.dims)
@@ -67,25 +65,12 @@ def render() -> str:
         lines.append(f"| `{key}` | {what} | {_values(name)} |")
     lines += ["", "`DataLoader` keywords that are no dimension:", "", "| keyword | why |", "|---|---|"]
     lines += [f"| `{k}` | {why} |" for k, why in space.OUT_OF_SCOPE.items()]
-    return "\n".join([*lines, "", END])
+    return "\n".join([*lines, "", ""])
 
 
-def rendered_part(text: str) -> str | None:
-    """The part of ``text`` between the markers (markers included), or None."""
-    start, end = text.find(BEGIN), text.find(END)
-    return None if start < 0 or end < 0 else text[start:end + len(END)]
-
-
-def main(argv: list[str]) -> int:
-    path = Path(argv[0] if argv else "docs/contract.md")
-    text = path.read_text()
-    old = rendered_part(text)
-    if old is None:
-        print(f"{path}: no markers ({BEGIN} ... {END})", file=sys.stderr)
-        return 2
-    path.write_text(text.replace(old, render()))
-    return 0
+PART = Part(DOCS / "contract.md", "<!-- rendered from pytest_workerstart/space.py: python -m tools.space_table -->",
+            "<!-- end of the rendered tables -->", render)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    sys.exit(PART.main(sys.argv[1:]))
