@@ -118,6 +118,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("circuit_breaker", values.count, 3, metavar="N",
            help="after N checks in a row fail the same way (a hang, the same error at the same step), "
                 "report the rest as not run (0: never)", in_reproduce=False),
+    Option("failure_runs", values.count, 2, metavar="N",
+           help="runs in all of a check whose work is a fresh-interpreter scenario when its first run fails: one "
+                "that then passes fails as 'unstable: failed k of n', never passes (1: no second run)"),
     Option("preflight", values.boolean, True, metavar="BOOL",
            help="first build the loader and fetch one batch in a scenario process; stop saying why if that fails"),
     Option("explore", values.seconds, None, metavar="SECONDS",
@@ -166,6 +169,7 @@ class Settings:
     memory_limit: float | None
     scenario_jobs: int | None  # None: auto
     circuit_breaker: int
+    failure_runs: int
     preflight: bool
     explore: float | None  # None: the profile's default (explore_budget)
     explore_points: int | None  # None: a time budget (explore_budget)

@@ -17,9 +17,9 @@ from pytest_workerstart import baseline, protocol, registry
 from pytest_workerstart.checkenv import CheckEnv
 from pytest_workerstart.cores import usable_cores
 from pytest_workerstart.harness import reaper, zygote
-from pytest_workerstart.harness.lookahead import ScenarioLookahead
+from pytest_workerstart.harness.lookahead import ScenarioLookahead, plan_of
 from pytest_workerstart.probes.deadline import memory_limit_bytes
-from pytest_workerstart.session import preflight
+from pytest_workerstart.session import preflight, reruns
 from pytest_workerstart.session.breaker import CircuitBreaker
 from pytest_workerstart.session.check_fixtures import CheckFixtures
 from pytest_workerstart.session.collection import CheckCollection, add_suite_path
@@ -158,7 +158,12 @@ class WorkerstartSession:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function):
-        result = yield
+        try:
+            result = yield
+        except reruns.JUDGEMENT as exc:
+            if plan_of(pyfuncitem) is None or self.settings.failure_runs < 2:
+                raise
+            reruns.judge_again(pyfuncitem, exc, self.settings.failure_runs)
         env = pyfuncitem.funcargs.get("check_env")
         if env is not None:
             env.raise_shutdown_failure()
