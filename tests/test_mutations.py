@@ -34,7 +34,9 @@ ARGS = ("--workerstart-context=forkserver", "--workerstart-profile=quick")
 #: No preflight in the batches: each broken loader is known to build and deliver a batch, and its
 #: preflight (a scenario with a forkserver of its own) was a third of a batch's time. The checks are
 #: bounded by the step deadlines all the same; the passing control keeps the preflight.
-BATCH_ARGS = (*ARGS, "--workerstart-preflight=false", *NO_HYPOTHESIS_PLUGIN)
+#: One run per failing scenario case: a batch's subject is that the loader is caught, and a second
+#: run of each caught scenario case (tests/test_reruns.py) would double the batches' longest cases.
+BATCH_ARGS = (*ARGS, "--workerstart-preflight=false", "--workerstart-failure-runs=1", *NO_HYPOTHESIS_PLUGIN)
 #: Batches per set of extra options: enough to keep a few xdist workers busy, few enough
 #: that each pays its pytest start and torch import for many loaders.
 BATCHES = 4
