@@ -110,6 +110,11 @@ class Verdict:
 NO_HYPOTHESIS_PLUGIN = ("-p", "no:hypothesispytest")
 
 
+#: a failed scenario case is judged once in the self-tests' suite runs (a test passes its own
+#: --workerstart-failure-runs after these where reruns are its subject: tests/test_reruns.py)
+ONE_RUN = ("--workerstart-failure-runs=1",)
+
+
 @pytest.fixture
 def run_suite(pytester):
     """Run ``pytest --workerstart`` in a subprocess and return its Verdict."""
@@ -117,7 +122,7 @@ def run_suite(pytester):
     def run(*args, timeout=900):
         out = pytester.path / "verdict.json"
         result = pytester.runpytest_subprocess("--workerstart", f"--workerstart-json={out}", "-p", "no:cacheprovider",
-                                               *NO_HYPOTHESIS_PLUGIN, *args, timeout=timeout)
+                                               *NO_HYPOTHESIS_PLUGIN, *ONE_RUN, *args, timeout=timeout)
         return Verdict(out, result)
 
     return run
