@@ -22,6 +22,7 @@ from pytest_workerstart.datasets import WorkerTagDataset
 from pytest_workerstart.harness.clean_exit import CleanExit
 from pytest_workerstart.harness.lookahead import planned_scenario
 from pytest_workerstart.probes.faults import (
+    DEATH_STATES,
     FaultPlan,
     InjectedStartError,
     InjectedWorkerInitError,
@@ -139,14 +140,21 @@ def test_retry_after_failure(check_env, failure, tmp_path):
 
 def _child_fault(fault: str, loader_timeout: float):
     """The plan of a worker fault during start (``loader_timeout`` 0: the loader's
-    default, none: a dead worker must be noticed, not timed out)."""
+    default, none: a dead worker must be noticed, not timed out). A death is placed at each
+    state of :data:`DEATH_STATES` in turn (the quick profile: once the driver waits for data); a
+    hang has no state: it never ends."""
     def plan(env):
-        # the hang's timeout grows with the boot cost, and doubles on each inconclusive try
-        # (child_faults.scenario_child_fault): so does the bound
-        bound = max(60.0, 2 * (env.step_timeout(N) or 30.0)) * child_faults.HANG_TRIES if loader_timeout else 40
+        if fault == "child_hang":
+            states = (None,)
+            # the hang's timeout grows with the boot cost, and doubles on each inconclusive try
+            # (child_faults.scenario_child_fault): so does the bound
+            bound = max(60.0, 2 * (env.step_timeout(N) or 30.0)) * child_faults.HANG_TRIES
+        else:
+            states = ("while_waiting",) if env.settings.profile == "quick" else DEATH_STATES
+            bound = 40 * len(states)
         return scenarios.planned(env, child_faults.scenario_child_fault, timeout=bound, fault=fault, worker=1,
                                  num_workers=N, parallelism=env.parallelism(N), loader_timeout=loader_timeout,
-                                 boot_cost=env.boot_cost())
+                                 boot_cost=env.boot_cost(), states=states)
     return plan
 
 
@@ -157,9 +165,14 @@ HANG_TIMEOUT_S = 2.0
 
 def _judge_child_fault(check_env, timeout: float | None = None) -> None:
     out = scenarios.value_of(check_env.scenario_result())
-    record_measurements(check_env.request.node, **{k: round(out[k], 2) if isinstance(out[k], float) else out[k]
-                                                   for k in child_faults.CHILD_FAULT_MEASUREMENTS if k in out})
-    child_faults.judge_child_fault(out, worker=1, timeout=timeout)
+
+    def note(outcomes):
+        by_state = {run["at"] or "boot": {k: round(run[k], 2) if isinstance(run[k], float) else run[k]
+                                          for k in child_faults.CHILD_FAULT_MEASUREMENTS if k in run}
+                    for run in out["states"]}
+        record_measurements(check_env.request.node, states=outcomes, by_state=by_state)
+
+    child_faults.judge_child_fault(out, worker=1, timeout=timeout, note=note)
 
 
 @check("failure.child_exit_during_start", "a worker exiting during boot gives an error naming it")

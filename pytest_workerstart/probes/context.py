@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.queues
 import os
 import shutil
 import tempfile
+import threading
 import time
 import weakref
 from multiprocessing.context import BaseContext
@@ -46,6 +48,9 @@ class _InstrumentedProcessMixin:
             for fault in self._ws_parent_faults:
                 _faults.apply_parent_fault(fault, recorder.first_begin(key[0]))
             super().start()
+            if any(f.at == "in_start" for f in self._ws_faults):
+                recorder.records[key].pid = self.pid
+                _faults.place_death(recorder.records[key])
         except BaseException as exc:
             error = exc
             raise
@@ -85,6 +90,9 @@ class _InstrumentedProcessMixin:
         self._ws_arm_stack_dump()
         self._ws_emit("ready")
         for fault in self._ws_faults:
+            if fault.at == "while_waiting" and self._ws_log:
+                gate = _waiting_gate(os.path.dirname(self._ws_log), self._ws_key)
+                self._ws_emit("placed", reached=_faults.wait_for_file(gate))
             _faults.apply_child_fault(fault)
         try:
             super().run()
@@ -146,6 +154,78 @@ _PROCESS_CLASSES = {
 }
 
 
+def _waiting_gate(log_dir: str, key: tuple[int, int]) -> str:
+    """The file the driver creates when it first waits for a result after sending work."""
+    return os.path.join(log_dir, f"waiting-{key[0]}-{key[1]}")
+
+
+class _QueueWatch:
+    """Driver side of the death states placed by queue traffic: a put through a context
+    queue first waits for the death of a ``before_send`` worker started by then; the first
+    get after a put opens the gate of the ``while_waiting`` workers. Puts are serialised
+    while a death is awaited, so no put of another thread slips past it."""
+
+    def __init__(self, recorder: Recorder, faults: _faults.FaultPlan, log_dir: str):
+        self.owner = os.getpid()
+        self._recorder, self._faults, self._log_dir = recorder, faults, log_dir
+        self._lock = threading.Lock()
+        self._done: set[tuple[int, int]] = set()
+        self._sent = False
+
+    def before_put(self) -> None:
+        with self._lock:
+            for fault in self._faults.deaths_at("before_send"):
+                key = (self._generation(fault), fault.worker)
+                rec = self._recorder.records.get(key)
+                if key not in self._done and rec is not None and rec.pid is not None and rec.start_end is not None:
+                    self._done.add(key)
+                    _faults.place_death(rec)
+
+    def after_put(self) -> None:
+        self._sent = True
+
+    def before_get(self) -> None:
+        if not self._sent:
+            return
+        with self._lock:
+            for fault in self._faults.deaths_at("while_waiting"):
+                key = (self._generation(fault), fault.worker)
+                if key not in self._done:
+                    self._done.add(key)
+                    with open(_waiting_gate(self._log_dir, key), "w"):
+                        pass
+
+    def _generation(self, fault: _faults.Fault) -> int:
+        return self._recorder.generation if fault.generation is None else fault.generation
+
+
+class _WatchedQueue(multiprocessing.queues.Queue):
+    """A ``multiprocessing`` queue whose driver-side puts and gets report to a
+    :class:`_QueueWatch` (the watch is not pickled: a worker's copy is a plain queue)."""
+
+    def __init__(self, maxsize: int = 0, *, ctx, watch: _QueueWatch):
+        super().__init__(maxsize, ctx=ctx)
+        self._ws_watch = watch
+
+    def _driver_watch(self) -> _QueueWatch | None:
+        watch = self.__dict__.get("_ws_watch")
+        return watch if watch is not None and os.getpid() == watch.owner else None  # not a fork's copy
+
+    def put(self, obj, block=True, timeout=None):
+        watch = self._driver_watch()
+        if watch is None:
+            return super().put(obj, block, timeout)
+        watch.before_put()
+        super().put(obj, block, timeout)
+        watch.after_put()
+
+    def get(self, block=True, timeout=None):
+        watch = self._driver_watch()
+        if watch is not None:
+            watch.before_get()
+        return super().get(block, timeout)
+
+
 def _remove_own_dir(path: str, owner_pid: int) -> None:
     if os.getpid() == owner_pid:  # a forked child's copy must never remove its parent's directory
         shutil.rmtree(path, ignore_errors=True)
@@ -172,6 +252,8 @@ class InstrumentedContext(BaseContext):
         self._remove = None if log_dir else weakref.finalize(self, _remove_own_dir, str(self.log_dir), os.getpid())
         self.log_path = self.log_dir / "events.jsonl"
         self._recorder = Recorder(num_workers, hold_for_overlap)
+        self._queue_watch = (_QueueWatch(self._recorder, self.faults, str(self.log_dir))
+                             if self.faults.deaths_at("before_send", "while_waiting") else None)
 
     # BaseContext uses _name for get_start_method(); the rest is delegated.
     def get_start_method(self, allow_none: bool = False) -> str:
@@ -187,6 +269,11 @@ class InstrumentedContext(BaseContext):
         if name.startswith("__") or name == "_inner":
             raise AttributeError(name)
         return getattr(self._inner, name)
+
+    def Queue(self, maxsize: int = 0):
+        if self._queue_watch is None:
+            return self._inner.Queue(maxsize)
+        return _WatchedQueue(maxsize, ctx=self._inner, watch=self._queue_watch)
 
     def Process(self, *args, **kwargs):
         cls = _PROCESS_CLASSES[self._name]
@@ -236,6 +323,9 @@ class InstrumentedContext(BaseContext):
                 rec = self._recorder.records.get((ev["g"], ev["w"]))
                 if rec is not None and ev["ev"] == "exit":
                     rec.exited = ev["t"]
+                if rec is not None and ev["ev"] == "placed":
+                    rec.death_placed = bool(ev.get("reached"))
+                    rec.death_placed_at = ev["t"] if rec.death_placed else None
                 if rec is not None and ev["ev"] in ("boot", "ready"):
                     setattr(rec, ev["ev"], ev["t"])
                     rec.pid = rec.pid or ev["pid"]

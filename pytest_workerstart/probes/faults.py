@@ -18,6 +18,21 @@ import time
 PARENT_KINDS = ("start_error", "start_delay", "start_at", "start_gate", "interrupt")
 CHILD_KINDS = ("child_exit", "child_hang", "child_kill")
 
+#: Where a dying worker's death is placed, each reached by synchronisation, never by sleeping
+#: (``None``: as soon as it has booted, wherever the driver then is):
+#:
+#: - ``in_start``: before its own ``start()`` returns (that call waits until the worker is dead);
+#: - ``before_send``: after its ``start()`` returned, before the driver's next put on a queue it
+#:   made through the context (that put waits until the worker is dead);
+#: - ``while_waiting``: once the driver, having put work on such a queue, first waits for a
+#:   result on one (the worker waits for that ``get``, then dies): ``iter()`` is over.
+#:
+#: The last two need the loader to use the context's ``Queue`` (``multiprocessing.Queue``); a
+#: state the loader never reaches is reported as such (:meth:`InstrumentedContext.placement`).
+DEATH_STATES = ("in_start", "before_send", "while_waiting")
+#: the most seconds a placement waits for the other side (a worker's boot, the driver's next put)
+PLACEMENT_PATIENCE_S = 30.0
+
 
 def position_to_worker(position: str | int, num_workers: int) -> int:
     if isinstance(position, int):
@@ -32,6 +47,7 @@ class Fault:
     value: float = 0.0  # exit code for child_exit, seconds for start_delay, the most seconds start_gate waits
     generation: int | None = 0  # which iterator's workers (0 = the first); None = every
     path: str | None = None  # start_gate: the file whose creation opens the gate
+    at: str | None = None  # child_exit, child_kill: one of DEATH_STATES (None: at boot)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,16 +96,18 @@ class FaultPlan:
 
     # --- child side (during boot, before the worker loop) ------------------
     @classmethod
-    def child_exit(cls, worker: int, code: int = 3) -> FaultPlan:
-        return cls((Fault("child_exit", worker, code),))
+    def child_exit(cls, worker: int, code: int = 3, at: str | None = None) -> FaultPlan:
+        """``worker`` exits with ``code`` after boot, its death placed ``at`` a state of :data:`DEATH_STATES`."""
+        return cls((Fault("child_exit", worker, code, at=_state(at)),))
 
     @classmethod
     def child_hang(cls, worker: int) -> FaultPlan:
         return cls((Fault("child_hang", worker),))
 
     @classmethod
-    def child_kill(cls, worker: int) -> FaultPlan:
-        return cls((Fault("child_kill", worker),))
+    def child_kill(cls, worker: int, at: str | None = None) -> FaultPlan:
+        """``worker`` SIGKILLs itself after boot, its death placed ``at`` a state of :data:`DEATH_STATES`."""
+        return cls((Fault("child_kill", worker, at=_state(at)),))
 
     # --- helpers -----------------------------------------------------------
     def for_worker(self, worker: int, generation: int) -> list[Fault]:
@@ -103,8 +121,66 @@ class FaultPlan:
         so a later ``iter()`` can succeed."""
         return RaiseInWorkerInit(worker, once_path)
 
+    def deaths_at(self, *states: str) -> list[Fault]:
+        """The child faults whose death is placed at one of ``states``."""
+        return [f for f in self.faults if f.at in states]
+
     def describe(self) -> str:
-        return ", ".join(f"{f.kind}@{f.worker}" + (f"={f.value}" if f.value else "") for f in self.faults) or "none"
+        return ", ".join(f"{f.kind}@{f.worker}" + (f"={f.value}" if f.value else "") + (f"@{f.at}" if f.at else "")
+                         for f in self.faults) or "none"
+
+
+def _state(at: str | None) -> str | None:
+    if at is not None and at not in DEATH_STATES:
+        raise ValueError(f"unknown death state {at!r}: expected one of {', '.join(DEATH_STATES)}")
+    return at
+
+
+def is_dead(pid: int) -> bool:
+    """The process has exited as its parent sees it, checked without reaping it (the
+    loader's own wait must still find it): waitable, for a child of this process (a
+    thread-group leader shows as a zombie before its last thread is gone, and only then is
+    its parent told); reaped, for one another process forked (a forkserver's)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return not os.path.exists(f"/proc/{pid}")
+
+
+def _sigchld_pending() -> bool:
+    """A SIGCHLD sent to this process that no thread has taken yet (``ShdPnd``)."""
+    try:
+        with open("/proc/self/status") as f:
+            pending = next((int(line.split()[1], 16) for line in f if line.startswith("ShdPnd:")), 0)
+    except (OSError, ValueError):
+        return False
+    return bool(pending & (1 << (signal.SIGCHLD - 1)))
+
+
+def place_death(record, patience: float = PLACEMENT_PATIENCE_S) -> None:
+    """Wait until ``record``'s worker has exited, at most ``patience`` s, and then until the
+    SIGCHLD it sent (to a driver that forked it) was taken, so a loader's SIGCHLD handler
+    runs as the death is placed, not at some later step: the kernel may hand the signal to a
+    thread that runs only later. ``record.death_placed`` says whether it died, also when that
+    handler raises during the wait."""
+    deadline = time.monotonic() + patience
+    try:
+        while not is_dead(record.pid) or _sigchld_pending():
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.002)
+        time.sleep(0.002)  # in the main thread: a Python-level handler runs at this loop's end
+    finally:
+        record.death_placed = is_dead(record.pid)
+
+
+def wait_for_file(path: str, patience: float = PLACEMENT_PATIENCE_S) -> bool:
+    deadline = time.monotonic() + patience
+    while not os.path.exists(path):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 class InjectedStartError(OSError):

@@ -27,6 +27,10 @@ class WorkerRecord:
     exitcode: int | None = None
     #: when the worker's target returned or raised (None: it has not, or a signal ended it)
     exited: float | None = None
+    #: a death placed at a state (faults.DEATH_STATES): whether the state was reached (None: no such fault)
+    death_placed: bool | None = None
+    #: when a worker that waited for its state (``while_waiting``) found it reached
+    death_placed_at: float | None = None
 
     @property
     def start_duration_unheld(self) -> float | None:
