@@ -179,11 +179,18 @@ def _judge_child_fault(check_env, timeout: float | None = None) -> None:
 @planned_scenario(_child_fault("child_exit", loader_timeout=0))
 def test_child_exit_during_start(check_env):
     """a worker exiting non-zero during boot gives an error naming it (id or pid) without a loader timeout, within
-    5 s + slack of the last worker becoming ready (slack = max(10 s, 2 × the slowest boot measured in the
-    scenario); a loader still running 5 s past that bound is stopped there and fails); leak rule (no process or
-    thread of the loader alive while the error is held, nothing once released)
+    5 s + slack of the last worker becoming ready or dying, if later (slack = max(10 s, 2 × the slowest boot
+    measured in the scenario); a loader still running 5 s past that bound is stopped there and fails); leak rule
+    (no process or thread of the loader alive while the error is held, nothing once released). The death is
+    placed at each state in turn, reached by synchronisation, not by timing: `in_start` (before the worker's own
+    `start()` returns, which waits for it), `before_send` (as the driver begins its next put on a queue made
+    through the context, which waits for it; the worker stays alive while other workers start) and
+    `while_waiting` (once the driver, having sent work, first waits for a result on such a queue); the quick
+    profile judges `while_waiting` only. The reason names each state that failed; a state the loader never
+    reaches (it uses no context `Queue`) is reported as not reached, not judged
 
-    Observed by: child-side fault; scenario process with a hard timeout
+    Observed by: child-side fault gated by the instrumented context (start, queue put and get); scenario
+    process with a hard timeout
     """
     _judge_child_fault(check_env)
 
@@ -191,7 +198,7 @@ def test_child_exit_during_start(check_env):
 @check("failure.child_killed_during_start", "a worker killed during boot gives an error naming it")
 @planned_scenario(_child_fault("child_kill", loader_timeout=0))
 def test_child_killed_during_start(check_env):
-    """same for a worker that SIGKILLs itself during boot
+    """same for a worker that SIGKILLs itself during boot, at the same states
 
     Observed by: same
     """

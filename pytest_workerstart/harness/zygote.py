@@ -315,7 +315,13 @@ def pipe_fds() -> set[int]:
     return out
 
 
+def zygote_pid() -> set[int]:
+    """The zygote's pid (a helper process, never a loader's leak)."""
+    return {_current.proc.pid} if _current is not None else set()
+
+
 leaks.HELPER_FD_SOURCES.append(pipe_fds)
+leaks.HELPER_PID_SOURCES.append(zygote_pid)
 
 
 def shutdown() -> None:

@@ -90,8 +90,8 @@ class _InstrumentedProcessMixin:
         self._ws_arm_stack_dump()
         self._ws_emit("ready")
         for fault in self._ws_faults:
-            if fault.at == "while_waiting" and self._ws_log:
-                gate = _waiting_gate(os.path.dirname(self._ws_log), self._ws_key)
+            if fault.at in ("before_send", "while_waiting") and self._ws_log:
+                gate = _gate(os.path.dirname(self._ws_log), fault.at, self._ws_key)
                 self._ws_emit("placed", reached=_faults.wait_for_file(gate))
             _faults.apply_child_fault(fault)
         try:
@@ -154,15 +154,16 @@ _PROCESS_CLASSES = {
 }
 
 
-def _waiting_gate(log_dir: str, key: tuple[int, int]) -> str:
-    """The file the driver creates when it first waits for a result after sending work."""
-    return os.path.join(log_dir, f"waiting-{key[0]}-{key[1]}")
+def _gate(log_dir: str, state: str, key: tuple[int, int]) -> str:
+    """The file whose creation lets worker ``key`` die at ``state``: the driver creates it as
+    it reaches the state (a put, a get)."""
+    return os.path.join(log_dir, f"{state}-{key[0]}-{key[1]}")
 
 
 class _QueueWatch:
     """Driver side of the death states placed by queue traffic: a put through a context
-    queue first waits for the death of a ``before_send`` worker started by then; the first
-    get after a put opens the gate of the ``while_waiting`` workers. Puts are serialised
+    queue first lets a ``before_send`` worker started by then die and waits until it has;
+    the first get after a put lets the ``while_waiting`` workers die. Puts are serialised
     while a death is awaited, so no put of another thread slips past it."""
 
     def __init__(self, recorder: Recorder, faults: _faults.FaultPlan, log_dir: str):
@@ -179,6 +180,7 @@ class _QueueWatch:
                 rec = self._recorder.records.get(key)
                 if key not in self._done and rec is not None and rec.pid is not None and rec.start_end is not None:
                     self._done.add(key)
+                    self._open(fault.at, key)
                     _faults.place_death(rec)
 
     def after_put(self) -> None:
@@ -192,8 +194,11 @@ class _QueueWatch:
                 key = (self._generation(fault), fault.worker)
                 if key not in self._done:
                     self._done.add(key)
-                    with open(_waiting_gate(self._log_dir, key), "w"):
-                        pass
+                    self._open(fault.at, key)
+
+    def _open(self, state: str, key: tuple[int, int]) -> None:
+        with open(_gate(self._log_dir, state, key), "w"):
+            pass
 
     def _generation(self, fault: _faults.Fault) -> int:
         return self._recorder.generation if fault.generation is None else fault.generation

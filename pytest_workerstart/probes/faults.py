@@ -22,8 +22,9 @@ CHILD_KINDS = ("child_exit", "child_hang", "child_kill")
 #: (``None``: as soon as it has booted, wherever the driver then is):
 #:
 #: - ``in_start``: before its own ``start()`` returns (that call waits until the worker is dead);
-#: - ``before_send``: after its ``start()`` returned, before the driver's next put on a queue it
-#:   made through the context (that put waits until the worker is dead);
+#: - ``before_send``: as the driver begins its next put on a queue it made through the
+#:   context, once the worker's ``start()`` returned (the worker waits for that put, which
+#:   waits until the worker is dead): alive while the driver starts other workers;
 #: - ``while_waiting``: once the driver, having put work on such a queue, first waits for a
 #:   result on one (the worker waits for that ``get``, then dies): ``iter()`` is over.
 #:

@@ -37,11 +37,14 @@ HELPER_MARKERS = (
     "multiprocessing.forkserver",
     "multiprocessing.semaphore_tracker",
     "pytest_workerstart.harness.reaper",  # the guard (see harness/reaper.py)
-    "pytest_workerstart.harness.runner --zygote",  # the scenarios' preloaded parent (harness/zygote.py)
 )
 #: Callables naming more helper fds of this process, registered by what owns them (the
 #: harness's zygote registers its pipes): a probe observes them, it does not run them.
 HELPER_FD_SOURCES: list[Callable[[], set[int]]] = []
+#: Callables naming helper processes by pid (the zygote registers itself). By pid, not by
+#: command line: a scenario forked from the zygote carries its command line, and so does every
+#: worker such a scenario forks under the fork context, which must count.
+HELPER_PID_SOURCES: list[Callable[[], set[int]]] = []
 
 #: How long what a loader stopped after a failure may take to be gone (a worker's interpreter
 #: teardown, a worker polling a stop event) before it counts as leaked: PATIENCE_BOOTS spawn
@@ -65,6 +68,8 @@ def _is_helper(proc: psutil.Process) -> bool:
     try:
         if proc.ppid() != os.getpid():
             return False
+        if any(proc.pid in source() for source in HELPER_PID_SOURCES):
+            return True
         cmd = " ".join(proc.cmdline())
     except (psutil.Error, OSError):
         return False
