@@ -36,7 +36,7 @@ def _run(monkeypatch, outcomes):
     """scenario_child_fault with each try's outcome scripted; returns (result, timeouts tried)."""
     tried = []
 
-    def once(under_test, context, fault, worker, num_workers, parallelism, loader_timeout, boot_cost, before):
+    def once(under_test, context, fault, worker, num_workers, parallelism, loader_timeout, boot_cost, before, at):
         tried.append(loader_timeout)
         return dict(outcomes[len(tried) - 1], loader_timeout=loader_timeout)
 
@@ -45,7 +45,9 @@ def _run(monkeypatch, outcomes):
     monkeypatch.setattr(leaks.LeakSnapshot, "take", classmethod(lambda cls: None))
     out = child_faults.scenario_child_fault({}, "forkserver", "child_hang", worker=1, num_workers=3, parallelism=3,
                                          loader_timeout=5, boot_cost=1.0)
-    return out, tried
+    (state,) = out["states"]
+    assert state["at"] is None  # a hang has no state: it never ends
+    return state, tried
 
 
 BOOTING = {"raised": True, "healthy_still_booting": True, "live_while_held": "", "leaks": ""}
