@@ -172,7 +172,8 @@ def _child_fault_once(under_test, context: str, fault: str, worker: int, num_wor
     ctx.close()
     return {"raised": bool(chain), "chain": chain, "elapsed": t_err - t0, "pids": pids,
             "since_ready": since_ready, "max_boot": slowest_boot(recs),
-            "live_while_held": live.format() if live else "", "leaks": after.format() if after else "",
+            "live_while_held": live.format() if live else "", "live_summary": live.summary() if live else "",
+            "leaks": after.format() if after else "",
             "leak_summary": scenarios.leak_summary(after), "loader_timeout": loader_timeout,
             "healthy_still_booting": still_booting, "placed": placed}
 
@@ -236,8 +237,8 @@ def judge_child_fault_at(out: dict, worker: int, timeout: float | None = None) -
     names = [f"worker {worker}", f"worker process {worker}"] + ([str(pid)] if pid else [])
     assert any(n in text for n in names), f"the error does not name worker {worker} (pid {pid}): {text[:400]}"
     assert not out["live_while_held"], (
-        f"while the error is held (the leak rule): processes or threads of the loader are still alive:\n"
-        f"{out['live_while_held']}")
+        f"while the error is held (the leak rule): {out.get('live_summary') or 'processes or threads'} of the "
+        f"loader still alive:\n{out['live_while_held']}")
     if timeout is not None:
         within = error_bound(timeout, out["max_boot"])
         assert out["since_ready"] <= within, (

@@ -52,6 +52,7 @@ def scenario_interrupt(loader: dict, context: str, worker: int, num_workers: int
     after = LeakSnapshot.wait_clean(before, timeout=patience(boot_cost)) if not live else None
     ctx.close()
     return {"raised": raised, "began": began, "detail": detail, "live_while_held": live.format() if live else "",
+            "live_summary": live.summary() if live else "",
             "held_only": while_held.only(("fds", "shm")).summary() if while_held else "",
             "leaks": after.format() if after else "", "leak_summary": scenarios.leak_summary(after)}
 
@@ -66,7 +67,9 @@ def judge_interrupt(out: dict, strict: bool = False) -> None:
                     "the interrupt could not be exercised", pytrace=False)
     assert out["raised"] == ["KeyboardInterrupt"], (
         f"expected KeyboardInterrupt, got {out['raised'] or 'nothing'}\n{out.get('detail', '')}")
-    assert not out["live_while_held"], f"while the KeyboardInterrupt is held:\n{out['live_while_held']}"
+    assert not out["live_while_held"], (
+        f"while the KeyboardInterrupt is held: {out.get('live_summary') or 'processes or threads'} of the loader "
+        f"still alive:\n{out['live_while_held']}")
     assert not out["leaks"], f"leaked after Ctrl-C during start: {out['leak_summary']}\n{out['leaks']}"
     if strict and out["held_only"] and out["held_only"] != "nothing":
         pytest.fail(f"held only by the referenced KeyboardInterrupt: {out['held_only']} (strict mode)", pytrace=False)

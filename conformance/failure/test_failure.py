@@ -138,10 +138,15 @@ def test_retry_after_failure(check_env, failure, tmp_path):
     assert got == truth, f"after a {failure}, a fresh iter() gave {got[:8]}... instead of the truth {truth[:8]}..."
 
 
+#: the death states the quick profile judges: the one every loader reaches, and the one where
+#: a loader that only checks its workers as ``iter()`` returns is caught
+QUICK_DEATH_STATES = ("in_start", "while_waiting")
+
+
 def _child_fault(fault: str, loader_timeout: float):
     """The plan of a worker fault during start (``loader_timeout`` 0: the loader's
     default, none: a dead worker must be noticed, not timed out). A death is placed at each
-    state of :data:`DEATH_STATES` in turn (the quick profile: once the driver waits for data); a
+    state of :data:`DEATH_STATES` in turn (the quick profile: :data:`QUICK_DEATH_STATES`); a
     hang has no state: it never ends."""
     def plan(env):
         if fault == "child_hang":
@@ -150,7 +155,7 @@ def _child_fault(fault: str, loader_timeout: float):
             # (child_faults.scenario_child_fault): so does the bound
             bound = max(60.0, 2 * (env.step_timeout(N) or 30.0)) * child_faults.HANG_TRIES
         else:
-            states = ("while_waiting",) if env.settings.profile == "quick" else DEATH_STATES
+            states = QUICK_DEATH_STATES if env.settings.profile == "quick" else DEATH_STATES
             bound = 40 * len(states)
         return scenarios.planned(env, child_faults.scenario_child_fault, timeout=bound, fault=fault, worker=1,
                                  num_workers=N, parallelism=env.parallelism(N), loader_timeout=loader_timeout,
@@ -186,8 +191,9 @@ def test_child_exit_during_start(check_env):
     `start()` returns, which waits for it), `before_send` (as the driver begins its next put on a queue made
     through the context, which waits for it; the worker stays alive while other workers start) and
     `while_waiting` (once the driver, having sent work, first waits for a result on such a queue); the quick
-    profile judges `while_waiting` only. The reason names each state that failed; a state the loader never
-    reaches (it uses no context `Queue`) is reported as not reached, not judged
+    profile judges `in_start` (the state every loader reaches) and `while_waiting`. The reason names each state
+    that failed; a state the loader never reaches (it uses no context `Queue`) is reported as not reached, not
+    judged
 
     Observed by: child-side fault gated by the instrumented context (start, queue put and get); scenario
     process with a hard timeout
