@@ -29,7 +29,7 @@ CHILD_KINDS = ("child_exit", "child_hang", "child_kill")
 #:   result on one (the worker waits for that ``get``, then dies): ``iter()`` is over.
 #:
 #: The last two need the loader to use the context's ``Queue`` (``multiprocessing.Queue``); a
-#: state the loader never reaches is reported as such (:meth:`InstrumentedContext.placement`).
+#: state the loader never reaches is reported as such (``WorkerRecord.death_placed`` is False).
 DEATH_STATES = ("in_start", "before_send", "while_waiting")
 #: the most seconds a placement waits for the other side (a worker's boot, the driver's next put)
 PLACEMENT_PATIENCE_S = 30.0
