@@ -15,6 +15,7 @@ from pytest_workerstart.fixtures.broken import catalog
 from pytest_workerstart.loader_spec import import_attr
 from pytest_workerstart.reference import ParallelStartDataLoader
 from tests import _batch
+from tests.conftest import ONE_RUN
 from tools.replay_failures import explored_failures
 
 CATCHES, _ = catalog.load()
@@ -49,7 +50,7 @@ IN_REGION = {
 POINTS = 12
 ARGS = ("--workerstart-context=forkserver", "--workerstart-profile=full", "--workerstart-preflight=false",
         f"--workerstart-explore-points={POINTS}", "--workerstart-explore-seed=1",
-        "-k", "respects_bound or _at")
+        "-k", "respects_bound or _at", *ONE_RUN)
 
 #: Replays of a failure that depends on which worker's start finishes first
 REPLAYS = 5
@@ -208,7 +209,7 @@ def test_a_bad_replay_point_is_one_usage_line(pytester):
 
 def test_the_quick_profile_collects_no_explored_case(pytester):
     result = pytester.runpytest_subprocess("--workerstart", "--workerstart-profile=quick", "--co", "-q",
-                                           "-k", "respects_bound or _at")
+                                           "-k", "respects_bound or _at", *ONE_RUN)
     ids = [line for line in result.stdout.lines if "::" in line]
     assert ids and not [i for i in ids if "explore" in i], ids
     assert any("-wide]" in i for i in ids)

@@ -17,7 +17,7 @@ from pytest_workerstart import baseline, protocol, registry
 from pytest_workerstart.checkenv import CheckEnv
 from pytest_workerstart.cores import usable_cores
 from pytest_workerstart.harness import reaper, zygote
-from pytest_workerstart.harness.lookahead import ScenarioLookahead, plan_of
+from pytest_workerstart.harness.lookahead import ScenarioLookahead
 from pytest_workerstart.probes.deadline import memory_limit_bytes
 from pytest_workerstart.session import preflight, reruns
 from pytest_workerstart.session.breaker import CircuitBreaker
@@ -161,7 +161,7 @@ class WorkerstartSession:
         try:
             result = yield
         except reruns.JUDGEMENT as exc:
-            if plan_of(pyfuncitem) is None or self.settings.failure_runs < 2:
+            if not reruns.judged_again(pyfuncitem) or self.settings.failure_runs < 2:
                 raise
             reruns.judge_again(pyfuncitem, exc, self.settings.failure_runs)
         env = pyfuncitem.funcargs.get("check_env")
