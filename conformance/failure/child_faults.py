@@ -120,7 +120,7 @@ def _child_fault_once(under_test, context: str, fault: str, worker: int, num_wor
     t0 = time.monotonic()
 
     def died(recs) -> bool:
-        rec = next((r for r in recs if r.worker == worker), None)
+        rec = _record(recs, worker)
         return fault == "child_hang" or (rec is not None and rec.pid is not None and is_dead(rec.pid))
 
     def overdue() -> str | None:
@@ -178,9 +178,13 @@ def _child_fault_once(under_test, context: str, fault: str, worker: int, num_wor
             "healthy_still_booting": still_booting, "placed": placed}
 
 
+def _record(recs, worker: int):
+    return next((r for r in recs if r.worker == worker), None)
+
+
 def _placed(ctx, worker: int) -> bool:
     """Whether worker ``worker``'s death was placed at its state (always, for a death at boot)."""
-    rec = next((r for r in ctx.records(0) if r.worker == worker), None)
+    rec = _record(ctx.records(0), worker)
     return rec is not None and (rec.death_placed is not False)
 
 
@@ -201,7 +205,7 @@ def judge_child_fault(out: dict, worker: int, timeout: float | None = None,
     failures = []
     for run in out["states"]:
         name = run["at"] or "boot"
-        if not run.get("placed", True):
+        if not run["placed"]:
             outcomes[name] = "not reached: " + UNREACHED[name].format(k=worker)
             continue
         try:

@@ -176,6 +176,7 @@ def place_death(record, patience: float = PLACEMENT_PATIENCE_S) -> None:
 
 
 def wait_for_file(path: str, patience: float = PLACEMENT_PATIENCE_S) -> bool:
+    """Whether ``path`` exists within ``patience`` seconds (the gates' files)."""
     deadline = time.monotonic() + patience
     while not os.path.exists(path):
         if time.monotonic() >= deadline:
@@ -218,9 +219,7 @@ def apply_parent_fault(fault: Fault, first_begin: float | None = None) -> None:
     elif fault.kind == "start_at":
         time.sleep(max(0.0, (first_begin or time.monotonic()) + fault.value - time.monotonic()))
     elif fault.kind == "start_gate":
-        deadline = time.monotonic() + fault.value
-        while not os.path.exists(fault.path) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for_file(fault.path, fault.value)
     elif fault.kind == "interrupt":
         # To the main thread, as a terminal's Ctrl-C reaches it. Not os.kill(getpid()):
         # Linux hands a process-directed signal to the sending thread when it can, so
