@@ -1,6 +1,9 @@
 """Rerun the reproduce command of every explored failure in verdict files, several times each.
 
-    python -m tools.replay_failures VERDICT.json [VERDICT.json ...] [--runs 5]
+    python -m tools.replay_failures VERDICT.json [VERDICT.json ...] [--runs 5] [--every-failure]
+
+``--every-failure``: every failed case, explored or not (a case failed in several verdicts is
+rerun once).
 
 Each verdict is replayed in its own folder (a batch's embedded modules live there, and the
 reproduce command names their node ids). A case replays when every rerun fails again at the
@@ -24,6 +27,10 @@ def explored_failures(verdict: Path) -> list[dict]:
             .get("failing_point")]
 
 
+def every_failure(verdict: Path) -> list[dict]:
+    return [c for c in json.loads(verdict.read_text())["checks"] if c["outcome"] == "failed" and c.get("reproduce")]
+
+
 def replay(case: dict, cwd: Path, runs: int) -> list[str]:
     """The outcome of each rerun of the case's reproduce command, run as printed (with pytest
     started by this interpreter and a verdict file of its own)."""
@@ -45,15 +52,20 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.replay_failures")
     p.add_argument("verdicts", nargs="+", type=Path)
     p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--every-failure", action="store_true", help="every failed case, not only explored ones")
     a = p.parse_args(argv)
     print("| case | failing point | reruns failed |\n|---|---|---|")
-    bad = 0
+    bad, seen = 0, set()
     for verdict in a.verdicts:
-        for case in explored_failures(verdict):
+        for case in (every_failure if a.every_failure else explored_failures)(verdict):
+            if case["reproduce"] in seen:
+                continue
+            seen.add(case["reproduce"])
             outcomes = replay(case, verdict.parent, a.runs)
             failed = outcomes.count("failed")
             bad += failed != a.runs
-            print(f"| `{case['nodeid'].rpartition('/')[2]}` | `{case['measurements']['exploration']['failing_point']}` "
+            point = ((case.get("measurements") or {}).get("exploration") or {}).get("failing_point")
+            print(f"| `{case['nodeid'].rpartition('/')[2]}` | {f'`{point}`' if point else '-'} "
                   f"| {failed} of {a.runs}{'' if failed == a.runs else ' ' + repr(outcomes)} |", flush=True)
     return 1 if bad else 0
 
