@@ -161,7 +161,7 @@ class WorkerstartSession:
         try:
             result = yield
         except reruns.JUDGEMENT as exc:
-            if not reruns.judged_again(pyfuncitem) or self.settings.failure_runs < 2:
+            if not reruns.judged_again(pyfuncitem, exc) or self.settings.failure_runs < 2:
                 raise
             reruns.judge_again(pyfuncitem, exc, self.settings.failure_runs)
         env = pyfuncitem.funcargs.get("check_env")

@@ -7,8 +7,9 @@ suite does not place. A case that failed and then passes is not a pass: it fails
 A first run that passes is not repeated: that would cost a run per case, and the failure it
 might show is named only when it is seen. A check judged in the pytest process observes anew in
 each run (what its failed run observed is forgotten, not judged twice). Not judged again: the
-speed checks (their trials have a stopping rule of their own) and a data-path check's explored
-case (its points and start schedules are drawn from a seed: a failure there replays as is).
+speed checks (their trials have a stopping rule of their own), a data-path check's explored
+case (its points and start schedules are drawn from a seed: a failure there replays as is), and
+a check in the pytest process whose step the suite stopped (a hang waits out its deadline again).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import pytest
 
 from pytest_workerstart import explore, parity
 from pytest_workerstart.checkenv import OBSERVATIONS
+from pytest_workerstart.harness.lookahead import plan_of
+from pytest_workerstart.probes.deadline import StepAborted
 from pytest_workerstart.verdict import record_measurements
 
 #: what a check's judgement raises when the clause does not hold (anything else is an error)
@@ -30,11 +33,13 @@ def _first_line(exc: BaseException) -> str:
     return (text.strip().splitlines() or [type(exc).__name__])[0][:500]
 
 
-def judged_again(item: pytest.Function) -> bool:
+def judged_again(item: pytest.Function, exc: BaseException) -> bool:
     """Whether a failure of ``item`` is judged again (the module's docstring says which are not)."""
     marker = item.get_closest_marker("workerstart_check")
     if marker is None or marker.args[0].startswith("speed."):
         return False
+    if isinstance(exc, StepAborted) and plan_of(item) is None:
+        return False  # a step the suite stopped in this process (a hang, a memory blow-up) would be waited out again
     params = getattr(item, "callspec", None)
     return params is None or params.params.get("ws_point") != explore.EXPLORE_CASE
 
