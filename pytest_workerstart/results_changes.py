@@ -23,7 +23,8 @@ def case_name(nodeid: str) -> str:
     return f"{path.rpartition('/')[2]}{sep}{rest}"
 
 
-def _outcomes(verdict: dict[str, Any]) -> dict[str, str]:
+def outcomes(verdict: dict[str, Any]) -> dict[str, str]:
+    """Each case's outcome (its state where it has none), by :func:`case_name`."""
     return {case_name(c["nodeid"]): c.get("outcome") or c.get("state") or "?" for c in verdict.get("checks", ())}
 
 
@@ -47,7 +48,7 @@ def changes(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
     before, after = _versions(old), _versions(new)
     lines = [f"{name}: " + "; ".join(f"{k} {before[k]} -> {after[k]}" if before[k] != after[k] else f"{k} {after[k]}"
                                      for k in after)]
-    was, now = _outcomes(old), _outcomes(new)
+    was, now = outcomes(old), outcomes(new)
     changed = [f"  {n}: {was[n]} -> {now[n]}" for n in sorted(was.keys() & now.keys()) if was[n] != now[n]]
     added = [f"  new {n}: {now[n]}" for n in sorted(now.keys() - was.keys())]
     gone = [f"  gone {n} (was {was[n]})" for n in sorted(was.keys() - now.keys())]

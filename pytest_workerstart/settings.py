@@ -119,8 +119,9 @@ OPTIONS: tuple[Option, ...] = (
            help="after N checks in a row fail the same way (a hang, the same error at the same step), "
                 "report the rest as not run (0: never)", in_reproduce=False),
     Option("failure_runs", values.count, 2, metavar="N",
-           help="runs in all of a check when its first run fails (not the speed checks, nor an explored case): "
-                "one that then passes fails as 'unstable: failed k of n', never passes (1: no second run)"),
+           help="runs in all of a check when its first run fails (not the speed checks, an explored case, nor a "
+                "hang the suite stopped in its own process): one that then passes fails as 'unstable: failed k "
+                "of n', never passes (1: no second run)"),
     Option("preflight", values.boolean, True, metavar="BOOL",
            help="first build the loader and fetch one batch in a scenario process; stop saying why if that fails"),
     Option("explore", values.seconds, None, metavar="SECONDS",

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from pytest_workerstart.results_changes import case_name
+from pytest_workerstart.results_changes import case_name, outcomes
 
 
 def _load(arg: str) -> tuple[str, dict]:
@@ -27,7 +27,7 @@ def _load(arg: str) -> tuple[str, dict]:
 def report(runs: list[tuple[str, dict]]) -> tuple[list[str], bool]:
     """The section's lines, and whether every run completed with the same outcome in every case."""
     lines = ["| run | duration | passed | failed | skipped | unstable |", "|---|---|---|---|---|---|"]
-    outcomes: dict[str, dict[str, str]] = {}
+    by_case: dict[str, dict[str, str]] = {}
     unstable: dict[str, list[str]] = {}
     agree = True
     for label, verdict in runs:
@@ -43,12 +43,12 @@ def report(runs: list[tuple[str, dict]]) -> tuple[list[str], bool]:
         lines.append(f"| {label}{incomplete} | {verdict.get('duration_s', 0):.0f} s | {s.get('passed', 0)} | {failed} "
                      f"| {s.get('skipped', 0)} "
                      f"| {len(mine)} |")
-        for c in verdict.get("checks", ()):
-            outcomes.setdefault(case_name(c["nodeid"]), {})[label] = c.get("outcome") or c.get("state") or "?"
+        for name, outcome in outcomes(verdict).items():
+            by_case.setdefault(name, {})[label] = outcome
     labels = [label for label, _ in runs]
-    differ = {n: o for n, o in outcomes.items() if len({o.get(lb, "absent") for lb in labels}) > 1}
+    differ = {n: o for n, o in by_case.items() if len({o.get(lb, "absent") for lb in labels}) > 1}
     agree &= not differ
-    lines += ["", f"{len(outcomes) - len(differ)} of {len(outcomes)} cases have the same outcome in every run; "
+    lines += ["", f"{len(by_case) - len(differ)} of {len(by_case)} cases have the same outcome in every run; "
               f"{len(differ)} differ."]
     if differ:
         lines += ["", "| case | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
