@@ -172,6 +172,33 @@ def test_the_drivers_sys_path_reaches_the_server(tmp_path, monkeypatch):
     assert not importers & pids, "workers imported the dataset module again"
 
 
+def test_the_main_module_is_run_before_the_modules_that_import_it(tmp_path):
+    """A script run as ``python -m pkg.driver`` whose dataset module imports ``pkg.driver``: the
+    server runs the main module first, as each spawn worker's ``prepare`` does, so ``runpy``
+    finds nothing of it imported and says nothing on stderr."""
+    pkg = tmp_path / "wsmain_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ds.py").write_text(textwrap.dedent("""
+        import wsmain_pkg.driver  # noqa: F401  (the script's module, as a dataset module may import it)
+        from pytest_workerstart.datasets import WorkerTagDataset
+        class Marked(WorkerTagDataset):
+            pass
+    """))
+    (pkg / "driver.py").write_text(textwrap.dedent("""
+        if __name__ == "__main__":
+            from pytest_workerstart.reference import ParallelStartDataLoader
+            from wsmain_pkg.ds import Marked
+            loader = ParallelStartDataLoader(Marked(8), batch_size=2, num_workers=2,
+                                             multiprocessing_context="forkserver", worker_start_parallelism=2)
+            print(sum(1 for _ in loader))
+    """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.getcwd()])}
+    done = subprocess.run([sys.executable, "-m", "wsmain_pkg.driver"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert (done.returncode, done.stdout.strip(), done.stderr) == (0, "4", "")
+
+
 def test_interpreter_exit_is_clean_and_takes_the_server():
     for target in ("one_epoch", "construct_only"):
         res = run_clean_exit(f"tests._private_server_programs:{target}", timeout=120)

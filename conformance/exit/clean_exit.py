@@ -7,11 +7,14 @@ Runs in a fresh interpreter; imports only what the rooms' rule allows (:mod:`pyt
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from typing import Any
 
 from pytest_workerstart import scenarios
 from pytest_workerstart.datasets import WorkerTagDataset
+from pytest_workerstart.probes.faults import wait_for_file
 
 #: What a training script's module globals still hold when the interpreter exits.
 _HELD_AT_EXIT: list = []
@@ -25,8 +28,9 @@ def scenario_clean_exit(loader: dict, context: str, ending: str, num_workers: in
     workers (and ``pin_memory`` where an accelerator exists), the loader still
     referenced at exit. ``early_break``: ``for batch in loader: break``, the loader and
     the batch still referenced at exit. ``keyboard_interrupt``: Ctrl-C as a terminal
-    sends it (SIGINT to the whole process group: driver and workers) in batch 2,
-    caught by the script, which then ends.
+    sends it (SIGINT to the whole process group: driver and workers) in batch 2, once
+    every worker is inside the dataset (:class:`HeldDataset`), caught by the script,
+    which then ends.
     """
     import signal
 
@@ -37,9 +41,11 @@ def scenario_clean_exit(loader: dict, context: str, ending: str, num_workers: in
     kw: dict[str, Any] = {}
     if ending == "persistent":
         kw = {"persistent_workers": True, "pin_memory": torch.accelerator.is_available()}
-    dl = under_test.make(WorkerTagDataset(16), num_workers=num_workers, multiprocessing_context=context,
-                         parallelism=parallelism, batch_size=2, **kw)
-    batches = 0
+    marks = tempfile.mkdtemp(prefix="workerstart-held-") if ending == "keyboard_interrupt" else None
+    dataset = WorkerTagDataset(16) if marks is None else HeldDataset(16, BATCH * INTERRUPT_AT, marks)
+    dl = under_test.make(dataset, num_workers=num_workers, multiprocessing_context=context,
+                         parallelism=parallelism, batch_size=BATCH, **kw)
+    batches, held = 0, None
     if ending == "exhaustion":
         batches = sum(1 for _ in dl)
     elif ending == "persistent":
@@ -56,16 +62,56 @@ def scenario_clean_exit(loader: dict, context: str, ending: str, num_workers: in
         try:
             for batch in dl:
                 batches += 1
-                if batches == 2:
+                if batches == INTERRUPT_AT:
+                    held = _wait_held(marks, num_workers)
                     os.killpg(os.getpgrp(), signal.SIGINT)  # this scenario's own session only
                     time.sleep(30)
         except KeyboardInterrupt:
             pass
         else:
             raise AssertionError("the SIGINT sent to the process group raised no KeyboardInterrupt")
+        finally:
+            shutil.rmtree(marks, ignore_errors=True)
     else:
         raise ValueError(f"unknown ending {ending!r}")
-    return {"batches": batches, "stderr_before_build": before_build}
+    return {"batches": batches, "stderr_before_build": before_build, "workers_held": held}
+
+
+BATCH = 2
+#: the batch in which Ctrl-C comes
+INTERRUPT_AT = 2
+#: how long the driver waits for every worker to be inside the dataset: each has had its
+#: index since the batches before were delivered, so only a loader that never sends it waits it out
+HOLD_PATIENCE_S = 10.0
+
+
+class HeldDataset(WorkerTagDataset):
+    """A :class:`WorkerTagDataset` whose samples from ``first_held`` on hold the worker
+    fetching them (after creating ``marks/held-<worker id>``) until a signal ends it: where a
+    Ctrl-C lands in a worker is then the suite's choice (inside the dataset, as during a
+    long fetch), not the machine's (waiting for an index, or its queue's feeder mid-send)."""
+
+    def __init__(self, n: int, first_held: int, marks: str):
+        super().__init__(n)
+        self.first_held, self.marks = first_held, marks
+
+    def __getitem__(self, i: int):
+        if self._index(i) >= self.first_held:
+            import torch.utils.data
+
+            info = torch.utils.data.get_worker_info()
+            open(os.path.join(self.marks, f"held-{info.id if info else 'main'}"), "w").close()
+            while True:
+                time.sleep(0.05)
+        return super().__getitem__(i)
+
+
+def _wait_held(marks: str, num_workers: int) -> list[int]:
+    """The workers inside the dataset once all are, or ``HOLD_PATIENCE_S`` has passed."""
+    deadline = time.monotonic() + HOLD_PATIENCE_S
+    for w in range(num_workers):
+        wait_for_file(os.path.join(marks, f"held-{w}"), max(0.0, deadline - time.monotonic()))
+    return [w for w in range(num_workers) if os.path.exists(os.path.join(marks, f"held-{w}"))]
 
 
 def _stderr_offset() -> int | None:

@@ -56,13 +56,18 @@ def test_clean_interpreter(check_env, ending):
     epochs with persistent workers (and `pin_memory=True` where an accelerator exists; without one torch pins
     nothing), the loader still referenced at exit; `for batch in loader: break` with loader and batch still
     referenced at exit; Ctrl-C as a terminal sends it (SIGINT to the scenario's process group, driver and
-    workers) in batch 2, caught by the script. `num_workers` = min(${N}, usable cores): more would make torch warn
+    workers) in batch 2, once every worker is inside the dataset (its samples after the first two batches hold
+    the worker that fetches them until the signal: where the signal lands is the suite's choice, not the
+    machine's; the workers held are recorded in `measurements.workers_held`), caught by the script. `num_workers` = min(${N}, usable cores): more would make torch warn
     on stderr, rightly, about the test's own choice. Quick profile: the early break only
 
     Observed by: the interpreter's exit status, its stderr (and its descendants'), the processes of its session
     after it exited
     """
     ended = CleanExit(check_env.scenario_result())
+    value = ended.result.value if isinstance(ended.result.value, dict) else {}
+    if value.get("workers_held") is not None:
+        record_measurements(check_env.request.node, workers_held=value["workers_held"])
     if ended.before_build.strip():
         record_measurements(check_env.request.node, stderr_before_build=ended.before_build.strip()[-600:])
     problems = ended.problems()

@@ -113,7 +113,9 @@ def _preparation() -> dict:
 def _preload(modules: list[str], prep: dict) -> None:
     """In the server: what each worker would do before unpickling its Process (spawn's
     ``prepare``: the driver's ``sys.path``, ``sys.argv``, working directory, then its
-    main module as ``__mp_main__``), and the imports it would need, done once.
+    main module as ``__mp_main__``), and the imports it would need, done once, in a
+    worker's order: a module imported before the main module that imports it (a dataset's
+    module importing the script's package) would make ``runpy`` warn on stderr.
 
     A module that fails here is imported again by each worker, which then reports
     the error where it happens. The collector is off while importing and what was
@@ -128,11 +130,6 @@ def _preload(modules: list[str], prep: dict) -> None:
         base = {k: v for k, v in prep.items() if not k.startswith("init_main")}
         main = {k: v for k, v in prep.items() if k.startswith("init_main")}
         spawn.prepare(base)
-        for name in modules:
-            try:
-                importlib.import_module(name)
-            except BaseException:
-                pass
         # as in a worker: a main module that starts processes when imported raises
         process.current_process()._inheriting = True
         try:
@@ -141,6 +138,11 @@ def _preload(modules: list[str], prep: dict) -> None:
             pass
         finally:
             del process.current_process()._inheriting
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except BaseException:
+                pass
     finally:
         gc.freeze()
         gc.enable()
