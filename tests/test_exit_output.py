@@ -1,9 +1,11 @@
 """exit.clean_interpreter judges what a program writes from the loader's first build on: a
 package that prints a warning when it is imported is reported beside the case, not failed;
-the same words written at exit fail it."""
+the same words written at exit fail it. Its Ctrl-C lands where the suite puts it: inside the
+dataset, in every worker."""
 
 import pytest
 
+from pytest_workerstart.cores import usable_cores
 from pytest_workerstart.harness import clean_exit
 
 FAST = ("--workerstart-context=fork", "--workerstart-profile=quick", "--workerstart-preflight=false",
@@ -46,3 +48,45 @@ def test_a_long_stderr_is_quoted_by_its_first_and_its_last_lines():
     reason = f"AssertionError: after keyboard interrupt: stderr is not empty ({len(lines)} lines): {said}"
     assert len(reason) <= 500
     assert clean_exit._first_and_last(lines[:4]) == " | ".join(lines[:4])
+
+
+LOGS_INTERRUPTED_FETCH = """
+import sys
+
+from torch.utils.data import DataLoader, Dataset
+
+
+class _Logged(Dataset):
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        try:
+            return self.dataset[i]
+        except KeyboardInterrupt:
+            sys.stderr.write(f"fetch of sample {i} interrupted\\n")
+            raise
+
+
+class LogsInterruptedFetch(DataLoader):
+    def __init__(self, dataset, **kwargs):
+        super().__init__(_Logged(dataset), **kwargs)
+"""
+
+
+@pytest.mark.timeout(600)
+def test_the_interrupt_lands_inside_the_dataset_every_time(pytester, run_suite):
+    """A loader that writes to stderr only when a fetch is interrupted: the Ctrl-C reaches every
+    worker inside the dataset, so it fails on both of its runs (not `unstable`), and the case
+    records the workers held."""
+    pytester.makepyfile(logsint=LOGS_INTERRUPTED_FETCH)
+    v = run_suite("--workerstart-context=fork", "--workerstart-profile=full", "--workerstart-preflight=false",
+                  "--workerstart-failure-runs=2", "-k", "clean_interpreter and keyboard_interrupt",
+                  "--workerstart-loader=logsint:LogsInterruptedFetch")
+    (case,) = [c for c in v.data["checks"] if c["outcome"] != "skipped"]
+    assert case["outcome"] == "failed" and case["measurements"]["runs"] == ["failed", "failed"], case
+    assert "stderr is not empty" in case["reason"] and "interrupted" in case["reason"], case
+    assert case["measurements"]["workers_held"] == list(range(min(2, usable_cores()))), case

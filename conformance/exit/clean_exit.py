@@ -89,7 +89,13 @@ class HeldDataset(WorkerTagDataset):
     """A :class:`WorkerTagDataset` whose samples from ``first_held`` on hold the worker
     fetching them (after creating ``marks/held-<worker id>``) until a signal ends it: where a
     Ctrl-C lands in a worker is then the suite's choice (inside the dataset, as during a
-    long fetch), not the machine's (waiting for an index, or its queue's feeder mid-send)."""
+    long fetch), not the machine's (waiting for an index, or its queue's feeder mid-send).
+
+    Only a worker process's main thread whose SIGINT handler raises ``KeyboardInterrupt``
+    (Python's default, torch's workers') is held: the signal is sure to end that hold. A thread
+    of the driver, or a worker that handles or ignores SIGINT, serves its samples as usual and
+    is not counted as held. Removing ``marks`` (the driver does once its script ends) lets go
+    of any hold that is left."""
 
     def __init__(self, n: int, first_held: int, marks: str):
         super().__init__(n)
@@ -100,10 +106,23 @@ class HeldDataset(WorkerTagDataset):
             import torch.utils.data
 
             info = torch.utils.data.get_worker_info()
-            open(os.path.join(self.marks, f"held-{info.id if info else 'main'}"), "w").close()
-            while True:
-                time.sleep(0.05)
+            if info is None or not _interrupt_raises_here():
+                return super().__getitem__(i)
+            try:
+                open(os.path.join(self.marks, f"held-{info.id}"), "w").close()
+            except FileNotFoundError:  # let go already
+                return super().__getitem__(i)
+            while os.path.isdir(self.marks):
+                time.sleep(0.02)
         return super().__getitem__(i)
+
+
+def _interrupt_raises_here() -> bool:
+    import signal
+    import threading
+
+    return threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def _wait_held(marks: str, num_workers: int) -> list[int]:

@@ -58,8 +58,9 @@ def test_clean_interpreter(check_env, ending):
     referenced at exit; Ctrl-C as a terminal sends it (SIGINT to the scenario's process group, driver and
     workers) in batch 2, once every worker is inside the dataset (its samples after the first two batches hold
     the worker that fetches them until the signal: where the signal lands is the suite's choice, not the
-    machine's; the workers held are recorded in `measurements.workers_held`), caught by the script. `num_workers` = min(${N}, usable cores): more would make torch warn
-    on stderr, rightly, about the test's own choice. Quick profile: the early break only
+    machine's; the workers held are recorded in `measurements.workers_held`), caught by the script.
+    `num_workers` = min(${N}, usable cores): more would make torch warn on stderr, rightly, about the test's own
+    choice. Quick profile: the early break only
 
     Observed by: the interpreter's exit status, its stderr (and its descendants'), the processes of its session
     after it exited
