@@ -16,6 +16,8 @@ from pytest_workerstart.protocol import CAPABILITIES
 from tests._interruptible import PYTEST
 
 FAST = ("--workerstart-context=forkserver", "-p", "no:cacheprovider")
+#: where the subject is what a run says, not the points it judges: no explored cases to wait for
+QUICK = "--workerstart-profile=quick"
 
 
 def test_inert_without_the_flag(pytester):
@@ -290,12 +292,13 @@ def test_no_parallelism_keyword_is_said_in_one_line(pytester, run_suite):
             def __init__(self, *args, start_concurrency=1, **kwargs):
                 super().__init__(*args, **kwargs)
     """)
-    v = run_suite(*FAST, "-k", "start.default_serial or order.registration", "--workerstart-loader=concurrency:Loader")
+    v = run_suite(*FAST, QUICK, "-k", "start.default_serial or order.registration",
+                  "--workerstart-loader=concurrency:Loader")
     out = v.result.stdout.str()
     assert "workerstart: no parallelism keyword found for concurrency:Loader: parallel start was never exercised; " \
            "name it with --workerstart-parallelism-kwarg=NAME" in out, out[-2000:]
     assert v.data["coverage"] == {"forkserver": {"order": "serial", "start": "serial"}}
-    named = run_suite(*FAST, "-k", "order.registration", "--workerstart-loader=concurrency:Loader",
+    named = run_suite(*FAST, QUICK, "-k", "order.registration", "--workerstart-loader=concurrency:Loader",
                       "--workerstart-parallelism-kwarg=start_concurrency")
     assert "no parallelism keyword found" not in named.result.stdout.str()
     assert named.data["coverage"] == {"forkserver": {"order": "parallel"}}
