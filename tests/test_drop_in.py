@@ -240,6 +240,7 @@ FAULTS = [(fault, "fork", loader) for fault in ("raise", "exit", "sleep")
 FAULTS += [pytest.param("exit", ctx, "reference-p2", marks=pytest.mark.slow) for ctx in ("spawn", "forkserver")]
 
 
+@SHUTDOWN_RACE  # a worker that exits: the other's exit may reach torch's SIGCHLD handler in __del__
 @pytest.mark.parametrize("fault, context, loader", FAULTS)
 def test_worker_errors_read_like_torchs(fault, context, loader):
     """A worker that raises, exits or does not answer within ``timeout=``: the same builtin type,
