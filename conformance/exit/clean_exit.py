@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -32,8 +34,6 @@ def scenario_clean_exit(loader: dict, context: str, ending: str, num_workers: in
     every worker is inside the dataset (:class:`HeldDataset`), caught by the script,
     which then ends.
     """
-    import signal
-
     import torch
 
     under_test = scenarios.rebuild(loader, context)
@@ -118,9 +118,6 @@ class HeldDataset(WorkerTagDataset):
 
 
 def _interrupt_raises_here() -> bool:
-    import signal
-    import threading
-
     return threading.current_thread() is threading.main_thread() and \
         signal.getsignal(signal.SIGINT) is signal.default_int_handler
 

@@ -13,6 +13,7 @@ grace period after the interpreter exits before calling anything a leftover.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from pytest_workerstart.harness.runner import ScenarioResult, run_scenario
 
@@ -28,11 +29,15 @@ class CleanExit:
     def stderr(self) -> str:
         return self.result.stderr
 
+    def said(self, key: str) -> Any:
+        """What the scenario returned under ``key`` (None where it returned nothing of the kind)."""
+        return self.result.value.get(key) if isinstance(self.result.value, dict) else None
+
     @property
     def before_build(self) -> str:
         """What was written to stderr before the loader was first built (importing its packages):
         reported, not judged. Empty where the scenario did not say where its build began."""
-        offset = (self.result.value or {}).get("stderr_before_build") if isinstance(self.result.value, dict) else None
+        offset = self.said("stderr_before_build")
         return self.stderr.encode()[:offset].decode(errors="replace") if offset else ""
 
     @property
