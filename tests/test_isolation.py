@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -156,6 +157,20 @@ def test_interrupt_check_holds_when_sigint_is_inherited_ignored(run_suite):
     finally:
         signal.signal(signal.SIGINT, old)
     assert v.outcomes("failure.interrupt_during_start") == ["passed"], v.reasons("failure.interrupt_during_start")
+
+
+def test_workers_ended_by_the_suite_leave_no_folder_in_the_temp_directory(run_suite):
+    """torch's workers open a listener socket in their multiprocessing temp folder to pass file
+    descriptors; a worker that is killed (here torch's shutdown after a worker_init_fn error
+    terminates its workers once their joins time out, or the suite stops them at the release's
+    bound, which grows with the boot cost) never removes a folder of its own. They share pytest's,
+    which goes when pytest exits: nothing is left in TMPDIR (this test's own, see conftest)."""
+    tmp = Path(os.environ["TMPDIR"])
+    v = run_suite("--workerstart-context=fork", "--workerstart-loader=torch", "--workerstart-preflight=false",
+                  "-k", "test_retry_after_failure and worker_init_error")
+    (reason,) = v.reasons("failure.retry_after_failure")
+    assert "did not return within" in reason or "by a signal" in reason, v.result.stdout.str()[-3000:]
+    assert sorted(p.name for p in tmp.glob("pymp-*")) == []
 
 
 #: a process that lets SIGTERM end it as Ctrl-C does, then forks: the child is SIGTERMed at once

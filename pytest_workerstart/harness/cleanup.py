@@ -23,6 +23,19 @@ if TYPE_CHECKING:
     from pytest_workerstart.probes.context import InstrumentedContext
 
 
+def share_temp_dir() -> str:
+    """Give this process its multiprocessing temporary folder before any worker starts.
+
+    A worker (fork, spawn or forkserver) inherits the folder of the process that created it,
+    if it had one then; without it the worker makes its own ``pymp-*`` folder, which it removes
+    only if it exits normally: torch's workers open a listener socket there to pass file
+    descriptors, so each one the loader or the suite killed left a folder in the temp directory.
+    The folder is removed when this process exits (multiprocessing's own finalizer)."""
+    from multiprocessing import util
+
+    return util.get_temp_dir()
+
+
 def kill_tree(procs: Iterable[ProcInfo], timeout: float = 3.0) -> list[ProcInfo]:
     """Kill what is still alive among ``procs`` (create time must match)."""
     procs = list(procs)

@@ -16,7 +16,7 @@ import pytest
 from pytest_workerstart import baseline, protocol, registry
 from pytest_workerstart.checkenv import CheckEnv
 from pytest_workerstart.cores import usable_cores
-from pytest_workerstart.harness import reaper, zygote
+from pytest_workerstart.harness import cleanup, reaper, zygote
 from pytest_workerstart.harness.lookahead import ScenarioLookahead
 from pytest_workerstart.probes.deadline import memory_limit_bytes
 from pytest_workerstart.session import preflight, reruns
@@ -52,6 +52,7 @@ class WorkerstartSession:
         self.collection = CheckCollection(settings, contexts, self.verdict, lambda: self.loader.parallel_contexts())
         self.reporter = VerdictReporter(self)
         self.fixtures = CheckFixtures(self)
+        cleanup.share_temp_dir()  # before any check starts a worker: none leaves a folder of its own
 
     @classmethod
     def from_config(cls, config: pytest.Config, settings: Settings, embedded: bool = False) -> WorkerstartSession:
