@@ -24,8 +24,16 @@ FLAKE_PLUGINS = ".flake-plugins"
 
 def pytest_configure(config):
     """In an xdist worker, drop make flake-rate's pytest-randomly from the PYTHONPATH the suites
-    it starts inherit: their checks keep their order (pytester clears PYTEST_ADDOPTS)."""
+    it starts inherit: their checks keep their order (pytester clears PYTEST_ADDOPTS).
+
+    Make multiprocessing's temp directory now, in the real TMPDIR: it is made once per process,
+    where TMPDIR points then, and kept for the process's life (workers inherit it); made during a
+    test (a suite session run in this process makes it) it would lie in that test's own TMPDIR,
+    which :func:`_own_tmpdir` removes, and the next test's workers could not open a socket there."""
     import os
+    from multiprocessing import util
+
+    util.get_temp_dir()
 
     path = os.environ.get("PYTHONPATH")
     if hasattr(config, "workerinput") and path and FLAKE_PLUGINS in path:
