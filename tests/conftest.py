@@ -31,9 +31,10 @@ def pytest_configure(config):
     test (a suite session run in this process makes it) it would lie in that test's own TMPDIR,
     which :func:`_own_tmpdir` removes, and the next test's workers could not open a socket there."""
     import os
-    from multiprocessing import util
 
-    util.get_temp_dir()
+    from pytest_workerstart.harness.cleanup import share_temp_dir
+
+    share_temp_dir()
 
     path = os.environ.get("PYTHONPATH")
     if hasattr(config, "workerinput") and path and FLAKE_PLUGINS in path:

@@ -66,8 +66,9 @@ def test_clean_interpreter(check_env, ending):
     after it exited
     """
     ended = CleanExit(check_env.scenario_result())
-    if ended.said("workers_held") is not None:
-        record_measurements(check_env.request.node, workers_held=ended.said("workers_held"))
+    held = ended.said("workers_held")
+    if held is not None:
+        record_measurements(check_env.request.node, workers_held=held)
     if ended.before_build.strip():
         record_measurements(check_env.request.node, stderr_before_build=ended.before_build.strip()[-600:])
     problems = ended.problems()

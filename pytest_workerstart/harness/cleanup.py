@@ -29,7 +29,7 @@ def share_temp_dir() -> str:
     A worker (fork, spawn or forkserver) inherits the folder of the process that created it,
     if it had one then; without it the worker makes its own ``pymp-*`` folder, which it removes
     only if it exits normally: torch's workers open a listener socket there to pass file
-    descriptors, so each one the loader or the suite killed left a folder in the temp directory.
+    descriptors, so each one the loader or the suite kills would leave a folder behind.
     The folder is removed when this process exits (multiprocessing's own finalizer)."""
     from multiprocessing import util
 
