@@ -116,12 +116,13 @@ class LoaderUnderTest:
 
     def payload(self) -> dict[str, Any]:
         """What a fresh interpreter needs to rebuild this loader (JSON); see :func:`from_payload`."""
-        return {"spec": self.spec, "kwarg": self.parallelism_kwarg or "none", "caps": self._capabilities_json()}
+        return {"spec": self.spec, "kwarg": self.parallelism_kwarg or "none", "caps": self._capabilities_json(),
+                "version": self.version}
 
 
 def from_payload(payload: Mapping[str, Any]) -> LoaderUnderTest:
     """The loader a :meth:`LoaderUnderTest.payload` describes, rebuilt in this interpreter."""
-    return resolve(payload["spec"], payload.get("kwarg"), payload.get("caps"))
+    return resolve(payload["spec"], payload.get("kwarg"), payload.get("caps"), version=payload.get("version"))
 
 
 def parse_capability(item: str) -> tuple[str, Any]:
@@ -170,11 +171,14 @@ def resolve(
     spec: str,
     parallelism_kwarg: str | None = None,
     capability_overrides: Mapping[str, Any] | None = None,
+    *,
+    version: str | None = None,
 ) -> LoaderUnderTest:
     """Turn a SPEC into a :class:`LoaderUnderTest`, or raise :class:`SpecError`.
 
     ``parallelism_kwarg``: ``None`` means "the default for this loader",
-    ``"none"`` means "no parallel start".
+    ``"none"`` means "no parallel start". ``version``: what the driving process found (a
+    scenario's interpreter need not look again).
     """
     spec = spec.strip()
     known = spec in BUILTIN_NAMES  # built-ins say themselves whether they have a keyword
@@ -240,7 +244,7 @@ def resolve(
         spec=spec,
         factory=factory,
         qualname=f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}",
-        version=version_of(package),
+        version=version if version is not None else version_of(package),
         package=package,
         parallelism_kwarg=kwarg,
         capabilities=caps,

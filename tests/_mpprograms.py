@@ -144,12 +144,13 @@ def leave_untracked_segment(path, keep_s=0.2):
 
 def whoami():
     """What a scenario interpreter looks like from inside (tests/test_zygote.py)."""
+    import gc
     import signal
     import sys
     import tempfile
 
     return {"pid": os.getpid(), "sid": os.getsid(0), "tmpdir": tempfile.gettempdir(),
-            "torch_loaded": "torch" in sys.modules,
+            "torch_loaded": "torch" in sys.modules, "gc_frozen": gc.get_freeze_count(),
             "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
             "sigchld_default": signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL,
             "stdin": os.readlink("/proc/self/fd/0")}

@@ -432,6 +432,26 @@ def test_state_dict_capability_is_detected_from_the_class():
     assert not protocol.resolve("torchdata", capability_overrides={"state_dict": "false"}).has("state_dict")
 
 
+@pytest.mark.parametrize("top", ["torch", "torchdata", "streaming", "pytest_workerstart", "yaml", "numpy"])
+def test_the_version_recorded_is_that_of_the_distribution_providing_the_package(top):
+    """Found by name where the distribution is named like the import name (a lookup, not a walk
+    over every installed distribution's files), by the files where it is not (mosaicml-streaming
+    provides ``streaming``, PyYAML ``yaml``)."""
+    from importlib import metadata
+
+    from pytest_workerstart import loader_spec
+
+    assert loader_spec.version_of(top) == metadata.version(metadata.packages_distributions()[top][0])
+
+
+def test_a_scenario_takes_the_version_its_run_found(monkeypatch):
+    from pytest_workerstart import protocol
+
+    loader = protocol.resolve("torch")
+    monkeypatch.setattr(protocol, "version_of", lambda top: pytest.fail("looked up again"))
+    assert protocol.from_payload(loader.payload()).version == loader.version
+
+
 def test_no_leaks_marker_reports_a_segment_an_exited_child_left(pytester):
     """The marker's end snapshot cannot attribute a block whose creator has exited; its
     /dev/shm watch can, and unlinks it."""
@@ -497,3 +517,12 @@ def test_one_run_judged_by_two_ids(pytester, run_suite):
     wide_p = by_case[made.replace("-p3]", "-wide]")]["measurements"]["points"][0]["point"]
     want = ["failed", "failed", "passed", "passed"] if ",p=3" in wide_p else ["failed", "passed", "passed", "passed"]
     assert sorted(c["outcome"] for n, c in by_case.items() if "respects_bound" in n) == want
+
+
+def test_what_exists_before_the_checks_is_frozen_while_they_run(pytester, run_suite):
+    """The checks collect garbage after each loader: what the run made before them (torch, the
+    collected items) is frozen, so a collection walks only what the checks made."""
+    pytester.makepyfile(test_mine="import gc\n\ndef test_frozen():\n    assert gc.get_freeze_count() > 100_000\n")
+    v = run_suite("--workerstart-context=fork", "--workerstart-preflight=false", "test_mine.py",
+                  "-k", "test_frozen or start.default_serial")
+    v.result.assert_outcomes(passed=2)

@@ -190,6 +190,43 @@ def test_shm_watch_attributes_what_its_tree_left_and_nothing_else(tmp_path):
                 pass
 
 
+def test_shm_watch_reads_maps_only_while_an_entry_is_unaccounted_for(monkeypatch):
+    """A sample reads the tree's maps (about a millisecond per torch process) only while an entry
+    exists that was not there before and is not attributed yet; what it attributes is the same."""
+    from multiprocessing import shared_memory
+
+    from pytest_workerstart.probes import shm
+
+    ours: set[str] = set()  # other jobs' entries (side-by-side self-tests) stay out of the listing
+    real_entries, real_inodes = shm.shm_entries, shm.inodes_of
+    monkeypatch.setattr(shm, "shm_entries", lambda: {n: i for n, i in real_entries().items() if n in ours})
+    reads: list[int] = []
+    monkeypatch.setattr(shm, "inodes_of", lambda pid: reads.append(pid) or real_inodes(pid))
+    before = shared_memory.SharedMemory(create=True, size=4096)
+    ours.add(before.name)
+    made = None
+    try:
+        with ShmWatch(interval=0.01, eager=False) as watch:
+            time.sleep(0.3)
+            assert reads == [], "only an entry from before the block exists: nothing to read"
+            made = shared_memory.SharedMemory(create=True, size=4096)
+            ours.add(made.name)
+            deadline = time.monotonic() + 30
+            while made.name not in watch.seen and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert made.name in watch.seen and reads, "a new entry this process maps is read for and attributed"
+            time.sleep(0.1)
+            settled = len(reads)
+            time.sleep(0.3)
+            assert len(reads) == settled, "once attributed, it is not read for again"
+        assert before.name not in watch.seen
+    finally:
+        for seg in (before, made):
+            if seg is not None:
+                seg.close()
+                seg.unlink()
+
+
 @pytest.mark.parametrize("p", [1, 2, 4])
 def test_peak_concurrency_is_observed(p):
     ctx = InstrumentedContext("fork", num_workers=4, hold_for_overlap=1.0)

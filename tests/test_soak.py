@@ -1,6 +1,7 @@
 """The soaks (docs/bench/soak.md, docs/bench/api-soak.md): their judgement can say "not flat",
 and a short run of each, with a cheap start method, measures what they claim."""
 
+import gc
 import json
 
 import pytest
@@ -62,3 +63,4 @@ def test_check_loader_twice_gives_the_same_verdict_and_leaves_nothing_in_the_cal
     assert rc == 0 and result["identical"] and result["flat"], result
     assert [r["summary"]["passed"] for r in result["runs"]] == [2, 2]  # the check's case and its default corner
     assert "Every verdict like the first: **yes**" in capsys.readouterr().out
+    assert gc.get_freeze_count() == 0, "the run froze the caller's objects and left them frozen"

@@ -28,6 +28,7 @@ from it carry the runner's command line, which the guard and the self-tests know
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib
 import json
 import os
@@ -79,6 +80,9 @@ def serve(preload: list[str]) -> dict | None:
     _import_s = time.monotonic() - t0
     for name in preload:
         importlib.import_module(name)
+    # What the imports made lives as long as every child: frozen, a child's gc.collect() (the
+    # checks' scenarios call it after each loader) does not walk it, nor copy its pages.
+    gc.freeze()
     _say({"ready": os.getpid(), "threads": _threads()})
     buf = b""
     while True:

@@ -75,17 +75,23 @@ def attributed_shm(pids: Iterable[int | str]) -> set[str]:
     An entry mapped but already unlinked (torch's file_descriptor strategy
     unlinks at once) is no /dev/shm entry and is not returned.
     """
-    return {name for name in shm_entries_mapped_by(pids) if SHM_PATTERN.match(name)}
+    named = {name: ino for name, ino in shm_entries().items() if SHM_PATTERN.match(name)}
+    return set(mapped_by(pids, named))
 
 
 def shm_entries_mapped_by(pids: Iterable[int | str]) -> dict[str, int]:
     """Existing ``/dev/shm`` entries of any name (name -> inode) that any of ``pids`` maps or holds open."""
+    return mapped_by(pids, shm_entries())
+
+
+def mapped_by(pids: Iterable[int | str], entries: dict[str, int]) -> dict[str, int]:
+    """Those of ``entries`` (name -> inode) that any of ``pids`` maps or holds open."""
+    if not entries:  # reading a torch process's maps costs about a millisecond: not for nothing
+        return {}
     inodes: set[int] = set()
     for pid in pids:
         inodes |= inodes_of(pid)
-    if not inodes:
-        return {}
-    return {name: ino for name, ino in shm_entries().items() if ino in inodes}
+    return {name: ino for name, ino in entries.items() if ino in inodes}
 
 
 class ShmWatch:
@@ -132,7 +138,11 @@ class ShmWatch:
         if self.also is not None:
             pids += list(self.also())
         self.pids.update(int(p) for p in pids)
-        self.note(shm_entries_mapped_by(pids))
+        # only entries neither there before nor attributed yet can change what the watch knows
+        with self._lock:
+            open_ = {name: ino for name, ino in shm_entries().items()
+                     if self.before.get(name) != ino and self.seen.get(name) != ino}
+        self.note(mapped_by(pids, open_))
 
     def note(self, entries: dict[str, int]) -> None:
         """Attribute ``entries`` (name -> inode) seen by other means, e.g. what the suite's
