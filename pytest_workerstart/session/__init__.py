@@ -138,11 +138,10 @@ class WorkerstartSession:
         if self.settings.preflight and self.verdict.records and runs_checks(self.config) \
                 and not self.embedded:
             self._preflight(self.loader)
-        if runs_checks(self.config):
-            # Checks collect garbage after each loader (iterators in reference cycles end there);
-            # with torch imported a full collection walks ~200k objects, 0.1 s of CPU each time.
-            # What exists now (modules, collected items) lives through the run: not walked again.
-            gc.freeze()
+        # Checks collect garbage after each loader (iterators in reference cycles end there), and
+        # pytest at exit; with torch imported a full collection walks ~200k objects, 0.1 s of CPU
+        # each time. What exists now (modules, collected items) lives through the run: not walked.
+        gc.freeze()
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Start the guard that cleans up if pytest itself is killed, and let a SIGTERM end the
@@ -200,6 +199,7 @@ class WorkerstartSession:
             self.reporter.write_reproducers(self.settings.repro)
         self.reporter.write(final=True, exitstatus=int(exitstatus))
 
+    @pytest.hookimpl(trylast=True)  # after pytest's own collection at exit
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         gc.unfreeze()  # a process that goes on (an inline run) collects as before
         reaper.restore_sigterm(getattr(self, "_sigterm", None))
