@@ -363,6 +363,8 @@ STREAMS = pytest.StashKey[dict]()
 
 
 def _shrink_points(env) -> int | None:
+    if env.settings.explore_shrink_points is not None:
+        return env.settings.explore_shrink_points
     n = env.settings.explore_points
     if n is not None:
         return SHRINK_POINTS_FACTOR * n
@@ -376,7 +378,8 @@ def _explore(env, sp, limits, judge, seed: int, budget_s: float, points: int | N
     spawn = env.context_name == "spawn"
     if n is not None:
         bounds = dict(budget_s=float("inf"), min_points=n, max_points=n,
-                      shrink_points=SHRINK_POINTS_FACTOR * max(n, 1) if points is None else _shrink_points(env))
+                      shrink_points=SHRINK_POINTS_FACTOR * max(n, 1)
+                      if points is None and env.settings.explore_shrink_points is None else _shrink_points(env))
     else:
         bounds = dict(budget_s=budget_s, min_points=SPAWN_POINTS if spawn else MIN_POINTS,
                       max_points=SPAWN_POINTS if spawn else None, shrink_points=_shrink_points(env))

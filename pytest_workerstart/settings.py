@@ -132,6 +132,10 @@ OPTIONS: tuple[Option, ...] = (
            help="draw exactly N points per explorable check and context (spawn too) instead of spending "
                 "--workerstart-explore's seconds, and shrink a failure within 3N more: with "
                 "--workerstart-explore-seed, the same points on any machine, however loaded; 0: corners only"),
+    Option("explore_shrink_points", values.count, None, metavar="N",
+           help="judge at most N simpler points when shrinking an explored failure (default: 3 x "
+                "--workerstart-explore-points, else --workerstart-explore's time; 0: the failing point as drawn)",
+           in_reproduce=False),
     Option("explore_seed", values.count, None, metavar="N",
            help="seed of the explorer's draws (default: a new one each run, recorded per case in the verdict)"),
     Option("replay", values.point, None, metavar="POINT",
@@ -174,6 +178,7 @@ class Settings:
     preflight: bool
     explore: float | None  # None: the profile's default (explore_budget)
     explore_points: int | None  # None: a time budget (explore_budget)
+    explore_shrink_points: int | None  # None: derived from explore_points or the time budget
     explore_seed: int | None
     replay: str | None
     xfail: tuple[tuple[str, str | None, str], ...]

@@ -48,8 +48,12 @@ IN_REGION = {
 #: Draws stop at the first failure, so the count bounds the controls; a region loader is found
 #: within it with seed 1 or by a corner (the explored case must fail where no corner does).
 POINTS = 12
+#: Shrink steps per explored failure: any failing point of a region loader lies in its region, and
+#: shrinking to the smallest (up to 3N steps, the default) was two thirds of these batches' points.
+SHRINK = 8
 ARGS = ("--workerstart-context=forkserver", "--workerstart-profile=full", "--workerstart-preflight=false",
         f"--workerstart-explore-points={POINTS}", "--workerstart-explore-seed=1",
+        f"--workerstart-explore-shrink-points={SHRINK}",
         "-k", "respects_bound or _at", *ONE_RUN)
 
 #: Replays of a failure that depends on which worker's start finishes first
@@ -159,6 +163,7 @@ def _found_and_shrunk(name, got):
         assert f"--workerstart-replay={explored['failing_point']}" in shlex.split(case["reproduce"])
         judged = case["measurements"]["points"]
         assert judged and all(p["outcome"] in ("passed", "failed") for p in judged)
+        assert sum(p["origin"] == "shrink" for p in judged) <= SHRINK, judged
     for case in got.checks:  # a corner's failure names its point too
         if case["outcome"] == "failed" and not case["nodeid"].endswith("-explore]"):
             corner = case["nodeid"].rpartition("-")[2].rstrip("]")
