@@ -77,9 +77,9 @@ def package_of(factory: Any) -> str | None:
 
 def version_of(top: str | None) -> str:
     """The version of the distribution that provides import name ``top`` (else its ``__version__``)."""
-    dist = _distribution_of(top) if top else None
-    if dist is not None:
-        return dist
+    installed = _installed_version(top) if top else None
+    if installed is not None:
+        return installed
     try:
         mod = importlib.import_module(top) if top else None
     except ImportError as exc:
@@ -88,7 +88,7 @@ def version_of(top: str | None) -> str:
 
 
 @functools.cache
-def _distribution_of(top: str) -> str | None:
+def _installed_version(top: str) -> str | None:
     # The distribution named like the import name first: a lookup by name, where mapping every
     # installed distribution's files to its import names costs a quarter second of every run.
     try:
