@@ -8,7 +8,7 @@ PYTHON ?= python3.11
 # Some environments turn that off (this machine's does); the targets below turn it back on.
 unexport PYTHONDONTWRITEBYTECODE
 #: what every suite run, scenario and worker imports: compiled when the venv is made
-WARM_IMPORTS = import torch, torchvision, pytest, xdist, pytest_workerstart.checkenv, pytest_workerstart.session
+WARM_IMPORTS := $(shell grep -v '^\#' .ci/warm-imports)
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
