@@ -256,6 +256,28 @@ def test_child_boot_and_ready_are_recorded():
     ctx.close()
 
 
+def test_wait_booted_returns_once_every_started_worker_runs():
+    """The state a held error is released at: every started worker booted (or ended). Right
+    after spawn's ``start()`` returns a worker is still booting (an interpreter's start is
+    milliseconds at least); waited for, none is, and each has its ``ready``."""
+    ctx = InstrumentedContext("spawn", num_workers=2)
+    procs = [ctx.Process(target=progs.sleeper, args=(30.0,)) for _ in range(2)]
+    try:
+        for p in procs:
+            p.start()
+        assert ctx.wait_booted(0.0) == [0, 1]
+        assert ctx.wait_booted(120.0) == []
+        assert all(r.ready is not None for r in ctx.records(0))
+        procs[0].kill()
+        procs[0].join()
+        assert ctx.wait_booted(0.0) == []  # an ended worker is not waited for
+    finally:
+        for p in procs:
+            p.kill()
+            p.join()
+        ctx.close()
+
+
 @pytest.mark.parametrize("position, worker", [("first", 0), ("middle", 1), ("last", 2)])
 def test_start_error_fires_at_worker_k_only(position, worker):
     from pytest_workerstart.probes.faults import position_to_worker

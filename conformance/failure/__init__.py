@@ -17,7 +17,13 @@ after the error was released". A shutdown that returns within the patience is ju
 by what ended the workers: one that took longer than a join's timeout (torch's 5 s)
 and left ready workers ended by a signal rather than by the end of their own loop
 waited that timeout out, and fails ("ended worker 0, 1 by a signal, not by the end of
-its work"), however high the patience a busy machine's boot cost gave. The suite drops the error
+its work"), however high the patience a busy machine's boot cost gave. The error is released
+once every worker the loader started has booted (its `run()` began) or ended, up to the step
+deadline: a spawn or forkserver worker still unpickling its queues when the shutdown unlinks their
+semaphores dies of it, and a loader that notices a dead worker may cut its shutdown short, so
+released mid-boot the same loader stalls in one run and not the next (torchdata's
+`StatefulDataLoader` did); a worker still booting at the deadline is named in the case's
+`released_while_booting`. The suite drops the error
 as a reference cycle, so
 what only the error holds (the iterator, through the traceback's frames) is always
 freed by the cyclic garbage collector, never by reference counting: which of the two

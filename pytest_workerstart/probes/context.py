@@ -384,6 +384,28 @@ class InstrumentedContext(BaseContext):
         recs = [r for r in self.records(generation) if r.start_end is not None]
         return [r.worker for r in sorted(recs, key=lambda r: r.start_end)]
 
+    def wait_booted(self, timeout: float, poll: float = 0.05) -> list[int]:
+        """Wait until every worker whose ``start()`` returned is ready (its ``run()`` began) or
+        has ended; return the workers still booting when ``timeout`` ran out. A worker still
+        unpickling its queues when its loader shuts down finds their semaphores unlinked and
+        dies, which changes the shutdown: waiting puts that event at one state, every time."""
+        import psutil
+
+        end = time.monotonic() + timeout
+        while True:
+            booting = []
+            for r in self.records():
+                if r.pid is None or r.start_end is None or r.ready is not None or r.exitcode is not None:
+                    continue
+                try:
+                    if psutil.Process(r.pid).status() != psutil.STATUS_ZOMBIE:
+                        booting.append(r.worker)
+                except psutil.Error:
+                    pass
+            if not booting or time.monotonic() >= end:
+                return booting
+            time.sleep(poll)
+
     def dump_worker_stacks(self, patience: float = 1.0) -> str:
         """Every thread's stack of each live, ready worker (SIGUSR1 to faulthandler)."""
         import signal
