@@ -111,6 +111,38 @@ def test_releasing_an_error_is_bounded_by_the_patience_and_names_the_step(monkey
     env.release_held(_SlowToRelease(0.0), num_workers=2)  # within the bound: nothing to say
 
 
+class _ReleaseSeesBoots:
+    """An error whose release notes which started workers had not yet begun to run."""
+
+    def __init__(self, ctx):
+        self.ctx, self.booting = ctx, None
+
+    def release(self):
+        self.booting = [r.worker for r in self.ctx.records() if r.start_end is not None and r.ready is None]
+
+
+def test_a_held_error_is_released_once_the_started_workers_have_booted(monkeypatch):
+    """Released while a spawn worker still unpickles its queues, a loader's shutdown may find that
+    worker dead of the unlinked semaphores and end differently (a race in the loader's start):
+    the release waits for every started worker to run, and one that never does is named."""
+    from tests import _mpprograms as progs
+
+    env = _env(monkeypatch)
+    ctx = env.context(2, method="spawn")
+    procs = [ctx.Process(target=progs.sleeper, args=(30.0,)) for _ in range(2)]
+    try:
+        for p in procs:
+            p.start()
+        held = _ReleaseSeesBoots(ctx)
+        env.release_held(held, num_workers=2, ctx=ctx)
+        assert held.booting == []
+    finally:
+        for p in procs:
+            p.kill()
+            p.join()
+        env.close()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("torch_process_state")
