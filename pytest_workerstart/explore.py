@@ -363,6 +363,9 @@ STREAMS = pytest.StashKey[dict]()
 
 
 def _shrink_points(env) -> int | None:
+    """Simpler points a shrink may judge: --workerstart-explore-shrink-points, else 3 x
+    --workerstart-explore-points, else (a time budget) a few under spawn, where each boots its
+    workers; None: only the shrink's time bounds it."""
     if env.settings.explore_shrink_points is not None:
         return env.settings.explore_shrink_points
     n = env.settings.explore_points
@@ -377,9 +380,7 @@ def _explore(env, sp, limits, judge, seed: int, budget_s: float, points: int | N
     n = points if points is not None else env.settings.explore_points
     spawn = env.context_name == "spawn"
     if n is not None:
-        bounds = dict(budget_s=float("inf"), min_points=n, max_points=n,
-                      shrink_points=SHRINK_POINTS_FACTOR * max(n, 1)
-                      if points is None and env.settings.explore_shrink_points is None else _shrink_points(env))
+        bounds = dict(budget_s=float("inf"), min_points=n, max_points=n, shrink_points=_shrink_points(env))
     else:
         bounds = dict(budget_s=budget_s, min_points=SPAWN_POINTS if spawn else MIN_POINTS,
                       max_points=SPAWN_POINTS if spawn else None, shrink_points=_shrink_points(env))

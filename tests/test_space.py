@@ -90,6 +90,22 @@ def test_the_explorer_stops_at_its_budget_and_judges_each_point_once():
     assert set(calls.values()) == {1}
 
 
+@pytest.mark.parametrize(("shrink", "points", "method", "cap"), [
+    (5, 4, "fork", 5), (None, 4, "fork", 12), (None, 0, "fork", 0), (None, None, "spawn", explore.SPAWN_SHRINK_POINTS),
+    (None, None, "fork", None)])
+def test_one_rule_caps_a_shrink_whether_the_draws_are_its_own_or_a_streams(monkeypatch, shrink, points, method, cap):
+    """--workerstart-explore-shrink-points, else 3 x --workerstart-explore-points, else a few under
+    spawn, else the time alone: the same cap for a case's own draws and a shared stream's."""
+    settings = type("S", (), {"explore_shrink_points": shrink, "explore_points": points})()
+    env = type("E", (), {"settings": settings, "context_name": method})()
+    sp = type("Sp", (), {"draw": None, "strategy": lambda self, limits: None})()
+    caps = []
+    monkeypatch.setattr(explore, "explore", lambda strategy, judge, **kw: caps.append(kw["shrink_points"]))
+    explore._explore(env, sp, LIMITS, lambda p: None, seed=1, budget_s=5.0)
+    explore._explore(env, sp, LIMITS, lambda p: None, seed=1, budget_s=float("inf"), points=3)
+    assert caps == [cap, cap]
+
+
 def test_a_judge_that_raises_anything_is_a_failing_point_not_an_error():
     def judge(point):
         if point.num_workers > 1:
