@@ -124,7 +124,7 @@ class _ReleaseSeesBoots:
 def test_a_held_error_is_released_once_the_started_workers_have_booted(monkeypatch):
     """Released while a spawn worker still unpickles its queues, a loader's shutdown may find that
     worker dead of the unlinked semaphores and end differently (a race in the loader's start):
-    the release waits for every started worker to run, and one that never does is named."""
+    the release waits for every started worker to run."""
     from tests import _mpprograms as progs
 
     env = _env(monkeypatch)

@@ -391,17 +391,18 @@ class InstrumentedContext(BaseContext):
         dies, which changes the shutdown: waiting puts that event at one state, every time."""
         import psutil
 
+        from pytest_workerstart.probes.leaks import alive
+
+        def running(pid: int) -> bool:
+            try:
+                return alive(psutil.Process(pid))
+            except psutil.Error:
+                return False
+
         end = time.monotonic() + timeout
         while True:
-            booting = []
-            for r in self.records():
-                if r.pid is None or r.start_end is None or r.ready is not None or r.exitcode is not None:
-                    continue
-                try:
-                    if psutil.Process(r.pid).status() != psutil.STATUS_ZOMBIE:
-                        booting.append(r.worker)
-                except psutil.Error:
-                    pass
+            booting = [r.worker for r in self.records() if r.pid is not None and r.start_end is not None
+                       and r.ready is None and r.exitcode is None and running(r.pid)]
             if not booting or time.monotonic() >= end:
                 return booting
             time.sleep(poll)
