@@ -227,6 +227,33 @@ def test_shm_watch_reads_maps_only_while_an_entry_is_unaccounted_for(monkeypatch
                 seg.unlink()
 
 
+
+def test_shm_watch_holds_every_fd_it_opens_before_its_block_begins(monkeypatch):
+    """A check's fd snapshots are taken inside the CheckEnv's watch: an fd the watch opened
+    after ``__enter__`` returned would be counted as the loader's leak, depending on when the
+    watch's thread first ran. inotify made slow to open shows it every time."""
+    inotify_simple = pytest.importorskip("inotify_simple")
+    real = inotify_simple.INotify
+
+    def slow_inotify(*args, **kwargs):
+        time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(inotify_simple, "INotify", slow_inotify)
+
+    def fds() -> set[str]:
+        return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                if os.path.exists(f"/proc/self/fd/{fd}")}
+
+    with ShmWatch(interval=0.01) as watch:
+        entered = fds()
+        time.sleep(0.5)
+        during = fds()
+    assert watch._thread is None
+    assert any("inotify" in t for t in entered), entered
+    assert during - entered == set(), "the watch opened an fd after its block began"
+    assert not any("inotify" in t for t in fds()), "the watch's inotify fd outlived its block"
+
 @pytest.mark.parametrize("p", [1, 2, 4])
 def test_peak_concurrency_is_observed(p):
     ctx = InstrumentedContext("fork", num_workers=4, hold_for_overlap=1.0)

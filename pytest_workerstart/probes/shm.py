@@ -152,16 +152,25 @@ class ShmWatch:
                 if self.before.get(name) != ino:
                     self.seen[name] = ino
 
-    def _run(self) -> None:
-        notify = None
-        if self.eager:
-            try:
-                from inotify_simple import INotify, flags
+    def _open_notify(self):
+        """An inotify watch on /dev/shm, or None (not eager, or no inotify): opened before the
+        block begins, so a snapshot of this process's fds taken inside the block sees it."""
+        if not self.eager:
+            return None
+        try:
+            from inotify_simple import INotify, flags
 
-                notify = INotify()
-                notify.add_watch("/dev/shm", flags.CREATE | flags.MOVED_TO)
-            except OSError:  # no inotify (or no /dev/shm): samples on the clock only
-                notify = None
+            notify = INotify()
+        except OSError:  # no inotify: samples on the clock only
+            return None
+        try:
+            notify.add_watch("/dev/shm", flags.CREATE | flags.MOVED_TO)
+        except OSError:  # no /dev/shm
+            notify.close()
+            return None
+        return notify
+
+    def _run(self, notify) -> None:
         try:
             while not self._stop.is_set():
                 if notify is None:
@@ -181,7 +190,8 @@ class ShmWatch:
     def __enter__(self) -> ShmWatch:
         self.before = shm_entries()
         self._wake = os.pipe()
-        self._thread = threading.Thread(target=self._run, name="workerstart-shm-watch", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(self._open_notify(),), name="workerstart-shm-watch",
+                                        daemon=True)
         self._thread.start()
         return self
 
