@@ -20,6 +20,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from tests import _warm
+
 #: node-id prefix of a batch module
 PREFIX = "test_ws_"
 
@@ -80,7 +82,7 @@ def run_batch(directory: Path, entries: dict[str, tuple[str, Sequence[str]]], ar
     log = directory / "output.txt"
     # Output to a file, not a pipe: a loader's leaked process may keep a pipe open after pytest exits.
     with log.open("w") as f:
-        proc = subprocess.Popen(cmd, cwd=directory, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = _warm.popen(cmd, cwd=directory, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             proc.wait(timeout)
             ended = ""

@@ -1,4 +1,6 @@
 import json
+import os
+import subprocess
 
 import pytest
 
@@ -122,6 +124,41 @@ NO_HYPOTHESIS_PLUGIN = ("-p", "no:hypothesispytest")
 #: a failed scenario case is judged once in the self-tests' suite runs (a test passes its own
 #: --workerstart-failure-runs after these where reruns are its subject: tests/test_reruns.py)
 ONE_RUN = ("--workerstart-failure-runs=1",)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_pytest(request):
+    """The warm pytest server of this self-test process (tests/_warm.py), started before its first
+    test so that it is in the process's tree before and after every test; not in a suite run, nor
+    with WORKERSTART_SELFTEST_COLD set (every run a real subprocess, e.g. to compare)."""
+    from tests import _warm
+
+    if request.config.getoption("workerstart", False) or os.environ.get("WORKERSTART_SELFTEST_COLD"):
+        yield
+        return
+    _warm.SERVER.start()
+    yield
+    _warm.SERVER.stop()
+
+
+@pytest.fixture
+def pytester(pytester, request):
+    """pytester whose ``python -m pytest`` runs are forked from the warm server (tests/_warm.py);
+    a test marked ``cold_pytest`` (its subject is the run's process itself) gets real subprocesses."""
+    from tests import _warm
+
+    if request.node.get_closest_marker("cold_pytest") is None:
+        real = pytester.popen
+
+        def popen(cmdargs, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=pytester.CLOSE_STDIN, **kw):
+            if stdin is not pytester.CLOSE_STDIN or kw:
+                return real(cmdargs, stdout=stdout, stderr=stderr, stdin=stdin, **kw)
+            env = os.environ.copy()  # what pytester gives its subprocesses: this directory on PYTHONPATH
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
+            return _warm.popen(cmdargs, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
+
+        pytester.popen = popen
+    return pytester
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ shrunk point; the verdict lists the points each case judged."""
 
 import json
 import shlex
-import subprocess
 import sys
 
 import pytest
@@ -14,7 +13,7 @@ from pytest_workerstart import space
 from pytest_workerstart.fixtures.broken import catalog
 from pytest_workerstart.loader_spec import import_attr
 from pytest_workerstart.reference import ParallelStartDataLoader
-from tests import _batch
+from tests import _batch, _warm
 from tests.conftest import ONE_RUN
 from tools.replay_failures import explored_failures
 
@@ -130,12 +129,11 @@ class TestDataPathRegionsOnTheReference(RegionLoaders):
         outcomes = []
         for k in range(REPLAYS):
             out = tmp_path / f"replay{k}.json"
-            subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--workerstart",
-                            f"--workerstart-loader={REGIONAL['RegistersInCompletionOrderFromFour'].spec}",
-                            "--workerstart-context=forkserver", "--workerstart-preflight=false",
-                            f"--workerstart-replay={point.text()}", "-k", "registration_at and explore",
-                            f"--workerstart-json={out}"], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=300)
+            _warm.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--workerstart",
+                       f"--workerstart-loader={REGIONAL['RegistersInCompletionOrderFromFour'].spec}",
+                       "--workerstart-context=forkserver", "--workerstart-preflight=false",
+                       f"--workerstart-replay={point.text()}", "-k", "registration_at and explore",
+                       f"--workerstart-json={out}"], cwd=tmp_path, timeout=300)
             from tests.conftest import Verdict
 
             outcomes.append([c["outcome"] for c in Verdict(out, None).data["checks"]])
@@ -186,7 +184,7 @@ def test_the_reproduce_command_replays_the_shrunk_point(tmp_path):
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--workerstart", f"--workerstart-loader={spec}",
            "--workerstart-context=fork", "--workerstart-explore-points=12", "--workerstart-explore-seed=1",
            "--workerstart-preflight=false", "-k", "exactly_once_at and explore", f"--workerstart-json={out}"]
-    subprocess.run(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    _warm.run(cmd, cwd=tmp_path, timeout=300)
     from tests.conftest import Verdict
 
     first = Verdict(out, None)
@@ -195,8 +193,8 @@ def test_the_reproduce_command_replays_the_shrunk_point(tmp_path):
     rerun = shlex.split(case["reproduce"])
     assert rerun[0] == "pytest"
     again = tmp_path / "again.json"
-    subprocess.run([sys.executable, "-m", *rerun, "-p", "no:cacheprovider", f"--workerstart-json={again}"],
-                   cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    _warm.run([sys.executable, "-m", *rerun, "-p", "no:cacheprovider", f"--workerstart-json={again}"],
+              cwd=tmp_path, timeout=300)
     replayed = Verdict(again, None).data["checks"]
     assert [c["outcome"] for c in replayed] == ["failed"], replayed
     point = case["measurements"]["exploration"]["failing_point"]

@@ -20,6 +20,7 @@ FAST = ("--workerstart-context=forkserver", "-p", "no:cacheprovider")
 QUICK = "--workerstart-profile=quick"
 
 
+@pytest.mark.cold_pytest  # what the run imports is the subject
 def test_inert_without_the_flag(pytester):
     pytester.makepyfile(
         """
