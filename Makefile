@@ -51,19 +51,21 @@ check: $(STAMP)
 	$(STAGE) layers $(LAYERS)
 	$(STAGE) unit $(PY) -m pytest -p no:cacheprovider -q -n 2 -m "not suite and not slow and not speed" tests
 
-# What CI runs, in three timed stages; each runs, and any failure fails the target:
+# What CI runs, in timed stages; each runs, and any failure fails the target:
 # lint and layers; every self-test but the speed measurements, side by side (a module, or a
-# class, stays on one xdist worker: a batch of broken loaders is one class); then
+# class, stays on one xdist worker: a batch of broken loaders is one class), and beside them
+# the wheel check (mostly one core's pip and build; its output is printed when it ends); then
 # the speed measurements alone, where a skip (the suite refused to judge a busy
 # machine) fails the run.
 test: $(STAMP)
-	@rc=0; \
+	@rc=0; wheel_log=$$(mktemp); \
 	$(STAGE) lint $(RUFF) check . || rc=1; \
 	$(STAGE) layers $(LAYERS) || rc=1; \
+	{ $(STAGE) wheel bash .ci/wheel-check $(WHEEL_PROFILE) > $$wheel_log 2>&1 & } ; wheel=$$!; \
 	$(STAGE) self-tests $(PY) -m pytest -p no:cacheprovider --durations=30 -n $(JOBS) --dist loadscope \
 	    -m "not speed" tests || rc=1; \
+	wait $$wheel || rc=1; cat $$wheel_log; rm -f $$wheel_log; \
 	$(STAGE) speed $(PY) -m pytest -p no:cacheprovider --durations=10 -m speed $(SPEED_SKIPS) tests || rc=1; \
-	$(STAGE) wheel bash .ci/wheel-check $(WHEEL_PROFILE) || rc=1; \
 	exit $$rc
 
 # The differential judge's truth is torch: torch's DataLoader against itself over 200 drawn points per
