@@ -27,3 +27,14 @@ def test_a_commands_descendants_are_counted_once_each_with_their_cpu(tmp_path):
     assert all(0.5 < r["cpu"] < 3.0 for r in records), records
     text = proc_census.summary(records)
     assert text.startswith("2 processes, ") and "other" in text, text
+
+
+def test_a_process_is_counted_for_the_self_test_whose_directory_it_ran_in():
+    assert proc_census.test_of("/tmp/pytest-of-root/pytest-7/popen-gw2/test_verdict_json_schema0/runpytest-0") == \
+        "test_verdict_json_schema0"
+    assert proc_census.test_of("/tmp/pytest-of-root/pytest-7/mutations-b000/batch") == "mutations-b000"
+    assert proc_census.test_of("/work/main") == "(not in a test's directory)"
+    records = [{"cwd": "/tmp/pytest-of-u/pytest-1/test_a0", "cpu": 2.0}, {"cwd": "/tmp/pytest-of-u/pytest-1/test_a0/x",
+                                                                        "cpu": 1.0}, {"cwd": "/", "cpu": 0.5}]
+    lines = proc_census.by_test(records).splitlines()
+    assert "3.0 s" in lines[1] and lines[1].endswith("test_a0") and lines[2].endswith("directory)"), lines
