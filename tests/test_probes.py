@@ -241,9 +241,14 @@ def test_shm_watch_holds_every_fd_it_opens_before_its_block_begins(monkeypatch):
 
     monkeypatch.setattr(inotify_simple, "INotify", slow_inotify)
 
-    def fds() -> set[str]:
-        return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
-                if os.path.exists(f"/proc/self/fd/{fd}")}
+    def fds() -> set[str]:  # held ones: not the /proc files a sample reads and closes at once
+        targets = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                targets.add(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:  # closed since the listing
+                continue
+        return {t for t in targets if not t.startswith("/proc/")}
 
     with ShmWatch(interval=0.01) as watch:
         entered = fds()
