@@ -9,6 +9,8 @@ import pytest
 
 from tests import _warm
 
+pytestmark = pytest.mark.suite  # runs pytest of its own: not in make check's inner loop
+
 #: what a run can see of how it was started
 PROBE = """
 import json, multiprocessing.spawn, os, sys, tempfile
