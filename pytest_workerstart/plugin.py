@@ -37,10 +37,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def _start_session(config: pytest.Config, embedded: bool):
     """Resolve the settings once and register the suite's session and check environment."""
     resolved = config.stash[_settings.SETTINGS] = _settings.resolve(config)
-    if not embedded and _settings.runs_checks(config):
-        # imports torch while this process does: the preflight's and the scenarios' parent, and
-        # its import is the run's boot measurement (no fresh interpreter started only for that)
-        runner.prestart_zygote()
+    if not embedded and resolved.preflight and _settings.runs_checks(config):
+        runner.prestart_zygote()  # the preflight's zygote imports torch while this process does
     # the suite's session and checks pull in torch: imported only when a run asks for them
     from pytest_workerstart import checkenv
     from pytest_workerstart.session import WorkerstartSession

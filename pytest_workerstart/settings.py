@@ -320,6 +320,6 @@ def in_xdist_worker() -> bool:
 
 def runs_checks(config: pytest.Config) -> bool:
     """Whether this pytest process runs checks itself: not a collection only, nor the xdist
-    controller (its workers do). What a preflight and the zygote started ahead serve."""
+    controller (its workers do). What a preflight, and a zygote started ahead for it, serve."""
     xdist_controller = bool(getattr(config.option, "numprocesses", None)) and not in_xdist_worker()
     return not config.option.collectonly and not xdist_controller

@@ -30,23 +30,54 @@ SCRIPT = Path(__file__).with_name("_warm_server.py")
 PYTEST_ARGV = ((sys.executable, "-m", "pytest"), (sys.executable, "-mpytest"))
 
 
+#: how long a starting server may take to import torch (a busy machine at the stage's start)
+START_TIMEOUT_S = 600.0
+
+
 class Server:
-    """One warm server, started on :meth:`start`; one run at a time."""
+    """One warm server, started on :meth:`start`; one run at a time, once it is ready."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
         self.busy = threading.Lock()
+        self.ready = threading.Event()
+        self.failure = ""  # why the server did not start, when it did not
         self._buffer = b""
 
     def start(self) -> None:
+        """Start the server; it takes runs once it says it is ready (until then runs are real
+        subprocesses), so a slow start delays nothing."""
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         self.proc = subprocess.Popen([sys.executable, str(SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, cwd="/", env=env)
-        if "ready" not in self.read(120.0):
-            self.stop()
+        threading.Thread(target=self._await_ready, name="warm-server-start", daemon=True).start()
+
+    def _await_ready(self) -> None:
+        t0 = time.monotonic()
+        try:
+            said = self.read(START_TIMEOUT_S)
+        except (OSError, ValueError):  # stopped while it started
+            said = {}
+        if "ready" in said:
+            self.ready.set()
+        else:
+            self.failure = (f"did not say it was ready within {START_TIMEOUT_S:.0f} s" if self.proc.poll() is None
+                            else f"exited with code {self.proc.returncode} after {time.monotonic() - t0:.0f} s")
+
+    def wait_ready(self, timeout: float) -> bool:
+        return self.ready.wait(timeout)
+
+    def describe(self) -> str:
+        if self.proc is None:
+            return "not started"
+        if self.failure:
+            return self.failure
+        if self.proc.poll() is not None:
+            return f"exited with code {self.proc.returncode}"
+        return "ready" if self.ready.is_set() else "starting"
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.ready.is_set() and self.proc is not None and self.proc.poll() is None
 
     def read(self, timeout: float | None) -> dict:
         """The server's next message; {} at the timeout or if the server ended."""
@@ -73,6 +104,7 @@ class Server:
         return self.read(60.0).get("pid")
 
     def stop(self) -> None:
+        self.ready.clear()
         if self.proc is not None:
             try:
                 self.proc.stdin.close()

@@ -138,26 +138,6 @@ def test_the_zygote_goes_when_asked_and_with_its_environment():
     assert other.proc.poll() is not None
 
 
-def test_a_run_without_a_preflight_takes_its_boot_cost_from_the_zygote_started_ahead(monkeypatch):
-    """The zygote's own fresh import of torch is the boot measurement: no interpreter is started
-    only to time one; without a zygote started ahead, the probe measures it."""
-    from types import SimpleNamespace
-
-    from pytest_workerstart.session import waits
-
-    settings = SimpleNamespace(step_timeout=None)
-    monkeypatch.setattr(runner, "_prestart", None)
-    monkeypatch.setattr(waits, "measure_boot_cost", lambda: 123.0)
-    assert waits.Waits(settings).measured_boot_cost() == 123.0, "nothing started ahead: the probe"
-    zygote.shutdown()
-    runner.prestart_zygote()
-    monkeypatch.setattr(waits, "measure_boot_cost", lambda: pytest.fail("a fresh interpreter timed the boot"))
-    boot = waits.Waits(settings).measured_boot_cost()
-    assert boot == zygote.current_import_cost() and 0.1 < boot < zygote.START_TIMEOUT_S, boot
-    zygote.shutdown()
-    assert zygote.current_import_cost() is None
-
-
 def test_a_warm_scenario_exits_as_a_fresh_one_with_a_loader_held_by_a_preloaded_module():
     """What the zygote froze is unfrozen before the child's teardown. Frozen, the loader that
     ``exit.clean_interpreter``'s scenario holds in its (preloaded) module was freed only when module

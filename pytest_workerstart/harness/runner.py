@@ -99,31 +99,16 @@ def child_env() -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
 
 
-_prestart: threading.Thread | None = None
-
-
 def prestart_zygote() -> None:
     """Start the zygote now, in a thread, so that its import of torch overlaps this process's
     own (the suite's modules) instead of being waited for by the first warm scenario."""
-    global _prestart
-
     def start() -> None:
         try:
             zygote.get({**os.environ, **child_env()})
         except zygote.Refused:
             pass  # the first warm scenario asks again, or runs in a fresh interpreter
 
-    _prestart = threading.Thread(target=start, name="workerstart-zygote-start", daemon=True)
-    _prestart.start()
-
-
-def prestarted_import_cost() -> float | None:
-    """The boot cost the zygote started ahead measured (its own fresh import of torch, waited
-    for if it is still importing), or None if none was started or it did not start."""
-    if _prestart is None:
-        return None
-    _prestart.join(zygote.START_TIMEOUT_S)
-    return zygote.current_import_cost()
+    threading.Thread(target=start, name="workerstart-zygote-start", daemon=True).start()
 
 
 def launch(workdir: Path, target: str, kwargs: dict, env: dict[str, str] | None = None, *,

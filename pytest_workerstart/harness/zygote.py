@@ -14,8 +14,7 @@ interpreters; a forkserver is the child's own).
 ``exit.clean_interpreter`` uses it too: what it judges comes from the child's own exit
 (only torch's import-time output, not the loader's, would miss its stderr). The preflight
 uses it too: its boot measurement adds the zygote's own import of torch, timed in a fresh
-interpreter under this run's load (:func:`import_cost`); a run without a preflight takes that
-import alone as its boot cost (:func:`current_import_cost`). Not for the
+interpreter under this run's load (:func:`import_cost`). Not for the
 ``workerstart_clean_exit`` fixture (a user's
 callable, fresh as documented) or the benchmark (fresh interpreters, as its tables say). The speed clause's
 trials are forked from it: each is a fresh driver whose workers boot as usual, and no measured span
@@ -85,7 +84,7 @@ def serve(preload: list[str]) -> dict | None:
     # What the imports made lives as long as every child: frozen, a child's gc.collect() (the
     # checks' scenarios call it after each loader) does not walk it, nor copy its pages.
     gc.freeze()
-    _say({"ready": os.getpid(), "threads": _threads(), "import_s": _import_s})
+    _say({"ready": os.getpid(), "threads": _threads()})
     buf = b""
     while True:
         while True:  # reap, and say who ended with what status
@@ -212,8 +211,6 @@ class Zygote:
         self._next = 0
         self._gone = False
         self._ready = False
-        #: seconds the zygote, a fresh interpreter under this run's load, took to import BOOT_MODULE
-        self.import_s: float | None = None
         threading.Thread(target=self._read, name="workerstart-zygote", daemon=True).start()
         with self._cond:
             if not self._cond.wait_for(lambda: self._ready or self._gone, START_TIMEOUT_S) or self._gone:
@@ -226,7 +223,6 @@ class Zygote:
             with self._cond:
                 if "ready" in msg:
                     self._ready = True
-                    self.import_s = msg.get("import_s")
                 elif "exit" in msg:
                     self._exits[msg["exit"]] = msg["code"]
                 else:
@@ -313,14 +309,6 @@ def get(env: dict[str, str]) -> Zygote:
                 _atexit = True
             _current = Zygote(env)
         return _current
-
-
-def current_import_cost() -> float | None:
-    """What the running zygote's own import of BOOT_MODULE took (one worker's boot under this
-    run's load), or None if no zygote is running."""
-    with _lock:
-        z = _current
-    return z.import_s if z is not None and z.proc.poll() is None else None
 
 
 def pipe_fds() -> set[int]:

@@ -3,7 +3,6 @@ in units of what one spawn worker's boot costs in this run."""
 
 from __future__ import annotations
 
-from pytest_workerstart.harness.runner import prestarted_import_cost
 from pytest_workerstart.probes.deadline import measure_boot_cost
 from pytest_workerstart.settings import Settings
 
@@ -18,8 +17,7 @@ PREFLIGHT_TIMEOUT_S = 60.0
 
 
 class Waits:
-    """The run's wait policy; the boot cost comes from the preflight, else from the zygote started
-    ahead (its own import of torch), else is measured in a fresh interpreter when first asked."""
+    """The run's wait policy; the boot cost comes from the preflight, or is measured when first asked."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -34,7 +32,7 @@ class Waits:
     def measured_boot_cost(self) -> float:
         """Seconds one spawn worker's boot takes in this run: the unit of every derived wait."""
         if self.boot_cost is None:
-            self.boot_cost = prestarted_import_cost() or measure_boot_cost()
+            self.boot_cost = measure_boot_cost()
         return self.boot_cost
 
     def preflight_timeout(self) -> float:
