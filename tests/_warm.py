@@ -74,7 +74,9 @@ class Server:
             return self.failure
         if self.proc.poll() is not None:
             return f"exited with code {self.proc.returncode}"
-        return "ready" if self.ready.is_set() else "starting"
+        if not self.ready.is_set():
+            return "starting"
+        return "ready, busy with a run" if self.busy.locked() else "ready"
 
     def alive(self) -> bool:
         return self.ready.is_set() and self.proc is not None and self.proc.poll() is None
