@@ -41,6 +41,7 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.busy = threading.Lock()
         self.ready = threading.Event()
+        self._settled = threading.Event()  # ready, or failed to start
         self.failure = ""  # why the server did not start, when it did not
         self._buffer = b""
 
@@ -63,9 +64,12 @@ class Server:
         else:
             self.failure = (f"did not say it was ready within {START_TIMEOUT_S:.0f} s" if self.proc.poll() is None
                             else f"exited with code {self.proc.returncode} after {time.monotonic() - t0:.0f} s")
+        self._settled.set()
 
     def wait_ready(self, timeout: float) -> bool:
-        return self.ready.wait(timeout)
+        """Whether the server is ready, waiting while it starts (not once its start failed)."""
+        self._settled.wait(timeout)
+        return self.alive()
 
     def describe(self) -> str:
         if self.proc is None:

@@ -6,7 +6,8 @@
   scenario alive after 15 s (the guard in harness/reaper.py);
 * two suite runs at once, beside a semaphore-churning process, each get the
   verdict a run alone gets, and the churner never loses a semaphore;
-* ``-n 2`` (xdist) gives the plain run's verdict.
+* ``-n 2`` (xdist) gives the plain run's verdict;
+* a run in a process that already has children (``pytest.main`` from a program) ends none of them.
 """
 
 import os
@@ -202,3 +203,28 @@ def test_a_fork_of_pytest_sent_sigterm_dies_and_does_not_unwind_as_pytest():
     proc = subprocess.run([sys.executable, "-c", _FORKED_CHILD], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == str(-signal.SIGTERM), proc.stdout + proc.stderr[-2000:]
+
+
+def test_a_run_inside_a_process_leaves_that_processs_own_children_alone(tmp_path, monkeypatch):
+    """``pytest.main`` from a program (a notebook, a script with its own workers): the session's
+    end and its guard kill what the session started, never the children the program already had
+    (the self-tests' warm pytest server was one: a documented command collected in-process ended it)."""
+    mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        monkeypatch.chdir(tmp_path)
+        assert pytest.main(["-p", "no:cacheprovider", "-q", "--collect-only", "--workerstart",
+                            "--workerstart-preflight=false", "-k", "start.default_serial"]) == 0
+        assert mine.poll() is None, "the run ended a child it did not start"
+        guard = reaper.start_guard()
+        during = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        try:
+            assert reaper.reap_session() and during.wait(10) is not None, "what the session started is ended"
+            assert mine.poll() is None
+        finally:
+            reaper.stop_guard()
+            during.kill()
+            during.wait()
+        assert guard.poll() is not None
+    finally:
+        mine.kill()
+        mine.wait()

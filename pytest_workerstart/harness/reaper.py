@@ -8,12 +8,14 @@ Three layers:
   leader started at another time) is not ours.
 * :func:`reap_session`: at session end (and at interpreter exit, which still
   runs after KeyboardInterrupt) every registered scenario session and every
-  non-helper descendant of pytest is killed.
+  non-helper descendant of pytest that the session started is killed (a process
+  that runs pytest in-process, ``pytest.main``, keeps the children it had).
 * The guard (:func:`start_guard`): a small process in a session of its own
   that watches pytest (pidfd, else polling). While pytest lives it records
   pytest's descendants (pid + start time) and the scenario sessions among
   them; when pytest dies, whether by SIGTERM, SIGKILL or a crash, it kills
-  what it recorded and is still the same process, then exits. This covers
+  what it recorded and is still the same process, then exits. Neither kills a
+  descendant that existed when the guard started (the session's start). This covers
   what no code in a dead pytest can.
 
 The resource tracker is always killed last, after a grace period: once every
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import select
 import shutil
@@ -46,6 +49,8 @@ _lock = threading.Lock()
 _sessions: dict[int, float | None] = {}  # sid -> leader create time
 _installed = False
 _guard: subprocess.Popen | None = None
+#: (pid, start) of this process's descendants when the session started: not the session's
+_preexisting: set[tuple[int, float | None]] = set()
 
 
 # --- kill helpers ----------------------------------------------------------------
@@ -193,7 +198,8 @@ def reap_session(timeout: float = 5.0) -> list[str]:
     for child in psutil.Process().children(recursive=True):
         try:
             cmd = " ".join(child.cmdline())
-            if TRACKER_MARKER in cmd or child.pid == guard or child.status() == psutil.STATUS_ZOMBIE:
+            if TRACKER_MARKER in cmd or child.pid == guard or child.status() == psutil.STATUS_ZOMBIE \
+                    or (child.pid, started(child.pid)) in _preexisting:
                 continue
             lines.append(f"pid {child.pid} {cmd[:160]}")
             victims.append(child)
@@ -268,7 +274,10 @@ def start_guard(verdict=None) -> subprocess.Popen:
     global _guard
     if _guard is None or _guard.poll() is not None:
         me = psutil.Process()
-        args = [str(me.pid), repr(started(me.pid))] + ([str(verdict)] if verdict else [])
+        _preexisting.clear()
+        _preexisting.update(_descendants(me))
+        args = [str(me.pid), repr(started(me.pid)), json.dumps(sorted(pid for pid, _ in _preexisting))] + \
+            ([str(verdict)] if verdict else [])
         _guard = subprocess.Popen([sys.executable, "-m", GUARD_MARKER, *args],
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   start_new_session=True, close_fds=True)
@@ -329,8 +338,20 @@ def record_death(path: str) -> None:
     os.replace(tmp, path)
 
 
-def _guard_main(pid: int, ctime: float, verdict: str | None = None, interval: float = 0.5) -> int:
-    """Record ``pid``'s descendants until it dies, then kill what is left of them."""
+def _descendants(p: psutil.Process) -> set[tuple[int, float | None]]:
+    out = set()
+    for child in p.children(recursive=True):
+        try:
+            out.add((child.pid, started(child.pid)))
+        except psutil.Error:
+            continue
+    return out
+
+
+def _guard_main(pid: int, ctime: float, not_ours: str = "[]", verdict: str | None = None,
+                interval: float = 0.5) -> int:
+    """Record ``pid``'s descendants until it dies, then kill what is left of them, but the
+    ``not_ours`` pids (JSON) that were running, then already, when the guard started."""
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # pytest ended normally and stopped us
     try:
         watched = psutil.Process(pid)
@@ -343,6 +364,7 @@ def _guard_main(pid: int, ctime: float, verdict: str | None = None, interval: fl
     except (AttributeError, OSError):
         pidfd = None
     known: dict[tuple[int, float], psutil.Process] = {}
+    spared = {(p, started(p)) for p in json.loads(not_ours)}
     sessions: dict[int, float] = {}
     workdirs: set[str] = set()
     while True:
@@ -351,7 +373,7 @@ def _guard_main(pid: int, ctime: float, verdict: str | None = None, interval: fl
                 if p.pid == os.getpid():
                     continue
                 key = (p.pid, started(p.pid))
-                if key[1] is None:
+                if key[1] is None or key in spared:
                     continue
                 if key not in known:
                     known[key] = p
@@ -402,4 +424,4 @@ def scenario_workdir(p: psutil.Process) -> set[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(_guard_main(int(sys.argv[1]), float(sys.argv[2]), *sys.argv[3:4]))
+    sys.exit(_guard_main(int(sys.argv[1]), float(sys.argv[2]), *sys.argv[3:5]))
