@@ -276,7 +276,7 @@ def start_guard(verdict=None) -> subprocess.Popen:
         me = psutil.Process()
         _preexisting.clear()
         _preexisting.update(_descendants(me))
-        args = [str(me.pid), repr(started(me.pid)), json.dumps(sorted(pid for pid, _ in _preexisting))] + \
+        args = [str(me.pid), repr(started(me.pid)), json.dumps(sorted(_preexisting))] + \
             ([str(verdict)] if verdict else [])
         _guard = subprocess.Popen([sys.executable, "-m", GUARD_MARKER, *args],
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -351,7 +351,7 @@ def _descendants(p: psutil.Process) -> set[tuple[int, float | None]]:
 def _guard_main(pid: int, ctime: float, not_ours: str = "[]", verdict: str | None = None,
                 interval: float = 0.5) -> int:
     """Record ``pid``'s descendants until it dies, then kill what is left of them, but the
-    ``not_ours`` pids (JSON) that were running, then already, when the guard started."""
+    ``not_ours`` (JSON [pid, start] pairs) that were running when the guard was started."""
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # pytest ended normally and stopped us
     try:
         watched = psutil.Process(pid)
@@ -364,7 +364,7 @@ def _guard_main(pid: int, ctime: float, not_ours: str = "[]", verdict: str | Non
     except (AttributeError, OSError):
         pidfd = None
     known: dict[tuple[int, float], psutil.Process] = {}
-    spared = {(p, started(p)) for p in json.loads(not_ours)}
+    spared = {(p, start) for p, start in json.loads(not_ours)}
     sessions: dict[int, float] = {}
     workdirs: set[str] = set()
     while True:
